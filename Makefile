@@ -1,0 +1,45 @@
+# torch_prnn: `make test` is what CI runs (.ci/run); `make demo` shows it working.
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+CFLAGS_TEST = -std=c99 -O2 -Wall -Wextra -Werror -pedantic -Icsrc/kernels
+
+.PHONY: deps build ctest spills pytest test demo clean
+# test and demo list their steps in order; keep them in order under make -j too.
+.NOTPARALLEL:
+
+# Installs only what is missing (checked by import), so a ready machine costs nothing.
+deps:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH_SPEC)"
+	@missing=""; \
+	for m in pytest ninja numpy; do $(PYTHON) -c "import $$m" 2>/dev/null || missing="$$missing $$m"; done; \
+	$(PYTHON) -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" \
+	  2>/dev/null || missing="$$missing setuptools>=64"; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; $(PYTHON) -m pip install -q $$missing; fi
+
+# MAX_JOBS in the environment limits torch's parallel compile jobs.
+build:
+	$(PYTHON) setup.py build_ext --inplace
+
+build/test_cpu_reference: tests/c/test_cpu_reference.c csrc/kernels/status.c \
+                          csrc/kernels/cpu_reference.c csrc/kernels/prnn.h csrc/kernels/prnn_internal.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_TEST) -o $@ $(filter %.c,$^) -lm
+
+ctest: build/test_cpu_reference
+	./build/test_cpu_reference
+
+spills:
+	$(PYTHON) tools/check_spills.py
+
+# Any non-zero exit fails the target, including 5: no tests collected.
+pytest:
+	$(PYTHON) -m pytest -q tests
+
+test: deps build ctest spills pytest
+
+demo: deps build
+	$(PYTHON) -m torch_prnn.demo
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache torch_prnn/*.so
+	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,176 @@
+/*
+ * prnn.h - the public C API of torch_prnn's kernels.
+ *
+ * Torch-free and C-callable (C99 or C++). It computes one layer of the Elman
+ * recurrence
+ *
+ *     h_t = act(xp_t + W_hh h_{t-1}),   t = 0 .. T-1,   h_{-1} = h0
+ *
+ * where xp_t = W_ih x_t + b_ih + b_hh is precomputed by the caller (one GEMM
+ * over all steps), and its backward-data pass
+ *
+ *     delta_t = act'(h_t) * (grad_y_t + W_hh^T delta_{t+1}),   delta_T = 0.
+ *
+ * The weight and h0 gradients are GEMMs over the returned delta and are left
+ * to the caller:  grad_W_hh = sum_t delta_t^T h_{t-1},  grad_h0 = delta_0 W_hh.
+ *
+ * Per-sequence lengths: past its length a sequence's state is frozen and its
+ * outputs are zero (what nn.RNN gives for a PackedSequence); in the backward
+ * pass delta is zero there.
+ *
+ * Conventions
+ *   - Shapes are written [steps x batch x hidden] etc.; strides are in
+ *     elements; the hidden (last) dimension of every tensor is unit-stride.
+ *   - Every tensor argument has the problem's dtype; arithmetic accumulates in
+ *     float32 (float64 for float64).
+ *   - Nothing allocates: the caller passes a workspace of at least the size
+ *     the plan query reports (its contents on entry do not matter).
+ *   - CPU entry points take host pointers; CUDA entry points take device
+ *     pointers of the current device and run asynchronously on `stream`.
+ */
+#ifndef PRNN_H
+#define PRNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same type as cudaStream_t, without pulling in the CUDA headers. */
+struct CUstream_st;
+typedef struct CUstream_st *prnn_stream_t;
+
+typedef enum prnn_status {
+  PRNN_STATUS_SUCCESS = 0,
+  PRNN_STATUS_BAD_PARAM = 1,            /* a size, stride, pointer or enum is invalid */
+  PRNN_STATUS_NOT_SUPPORTED = 2,        /* valid, but no tier of this build runs it */
+  PRNN_STATUS_WORKSPACE_TOO_SMALL = 3,  /* workspace_bytes below the plan's size */
+  PRNN_STATUS_CUDA_ERROR = 4,           /* a CUDA runtime call failed */
+  PRNN_STATUS_NOT_COMPILED = 5          /* this build has no CUDA support */
+} prnn_status_t;
+
+/* A static, human-readable name of a status. */
+const char *prnn_status_string(prnn_status_t status);
+
+/* Detail of the last failure in this thread (which check failed, which CUDA
+ * call and its error string); "" when none. Valid until the next API call. */
+const char *prnn_last_error(void);
+
+typedef enum prnn_cell {
+  PRNN_CELL_ELMAN = 0                   /* h_t = act(xp_t + W_hh h_{t-1}) */
+} prnn_cell_t;
+
+typedef enum prnn_activation {
+  PRNN_ACT_TANH = 0,
+  PRNN_ACT_RELU = 1
+} prnn_activation_t;
+
+typedef enum prnn_dtype {
+  PRNN_DTYPE_FLOAT32 = 0,
+  PRNN_DTYPE_FLOAT64 = 1,
+  PRNN_DTYPE_FLOAT16 = 2,
+  PRNN_DTYPE_BFLOAT16 = 3
+} prnn_dtype_t;
+
+typedef enum prnn_pass {
+  PRNN_PASS_FORWARD = 0,
+  PRNN_PASS_BACKWARD_DATA = 1
+} prnn_pass_t;
+
+/* How a problem runs. */
+typedef enum prnn_tier {
+  PRNN_TIER_NONE = 0,               /* not supported */
+  PRNN_TIER_CPU_REFERENCE = 1,      /* the C99 reference loop */
+  PRNN_TIER_PERSISTENT_REGISTERS = 2, /* one persistent kernel, W_hh in registers */
+  PRNN_TIER_PERSISTENT_SHARED = 3,  /* one persistent kernel, W_hh in registers + shared memory */
+  PRNN_TIER_STEPWISE = 4            /* one kernel per step, W_hh re-read from L2/HBM */
+} prnn_tier_t;
+
+/* Name of a tier, e.g. "persistent_registers". */
+const char *prnn_tier_string(prnn_tier_t tier);
+
+/* The problem: everything but the data. */
+typedef struct prnn_problem {
+  prnn_cell_t cell;
+  prnn_activation_t activation;
+  prnn_dtype_t dtype;
+  int64_t steps;      /* T >= 1 */
+  int64_t batch;      /* B >= 1 */
+  int64_t hidden;     /* H >= 1 */
+  int has_lengths;    /* nonzero: per-sequence lengths are given in the args */
+} prnn_problem_t;
+
+/* Tensors of the forward pass. */
+typedef struct prnn_forward_args {
+  const void *xp;            /* steps x batch x hidden: W_ih x_t + b_ih + b_hh */
+  int64_t xp_stride_t;       /*   element stride between steps */
+  int64_t xp_stride_b;       /*   element stride between sequences */
+  const void *h0;            /* batch x hidden: initial state */
+  int64_t h0_stride_b;
+  const void *w_hh;          /* hidden x hidden: W_hh[i][j] at w_hh[i * w_hh_stride + j] */
+  int64_t w_hh_stride;
+  const int32_t *lengths;    /* batch: each in [0, steps]; NULL when !has_lengths.
+                                Host memory for CPU calls, device memory for CUDA
+                                calls (out-of-range values are clamped there). */
+  void *y;                   /* steps x batch x hidden, contiguous, written in full:
+                                h_t, or zero at and past a sequence's length */
+} prnn_forward_args_t;
+
+/* Tensors of the backward-data pass. */
+typedef struct prnn_backward_args {
+  const void *grad_y;        /* steps x batch x hidden: dLoss/dy (may be stride 0) */
+  int64_t grad_y_stride_t;
+  int64_t grad_y_stride_b;
+  const void *y;             /* steps x batch x hidden, contiguous: the forward's y */
+  const void *w_hh;          /* hidden x hidden, as in the forward (not transposed) */
+  int64_t w_hh_stride;
+  const int32_t *lengths;    /* batch, as in the forward */
+  void *grad_xp;             /* steps x batch x hidden, contiguous, written in full:
+                                delta_t (zero at and past a sequence's length) */
+} prnn_backward_args_t;
+
+/* What the plan query says about a problem. */
+typedef struct prnn_plan {
+  prnn_tier_t tier;
+  size_t workspace_bytes;   /* the least workspace the entry point accepts */
+  int grid;                 /* CTAs of the persistent kernel (1 on the CPU) */
+  int block;                /* threads per CTA (1 on the CPU) */
+  int rows_per_cta;         /* rows of W_hh (W_hh^T for backward) each CTA owns */
+  int smem_bytes;           /* dynamic shared memory per CTA */
+} prnn_plan_t;
+
+/* Checks a problem and says how (and whether) it runs.
+ * PRNN_STATUS_BAD_PARAM for an invalid problem, PRNN_STATUS_NOT_SUPPORTED
+ * (with plan->tier = NONE and prnn_last_error() naming the limit) when valid
+ * but too large. */
+prnn_status_t prnn_plan_cpu(const prnn_problem_t *problem, prnn_pass_t pass,
+                            prnn_plan_t *plan);
+prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass,
+                             int device, prnn_plan_t *plan);
+
+/* CPU reference, float32 and float64 (float32 accumulation for float32). */
+prnn_status_t prnn_forward_cpu(const prnn_problem_t *problem,
+                               const prnn_forward_args_t *args,
+                               void *workspace, size_t workspace_bytes);
+prnn_status_t prnn_backward_data_cpu(const prnn_problem_t *problem,
+                                     const prnn_backward_args_t *args,
+                                     void *workspace, size_t workspace_bytes);
+
+/* CUDA, every dtype, on the current device, asynchronous on `stream`.
+ * Builds without CUDA return PRNN_STATUS_NOT_COMPILED. */
+prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem,
+                                const prnn_forward_args_t *args,
+                                void *workspace, size_t workspace_bytes,
+                                prnn_stream_t stream);
+prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem,
+                                      const prnn_backward_args_t *args,
+                                      void *workspace, size_t workspace_bytes,
+                                      prnn_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PRNN_H */

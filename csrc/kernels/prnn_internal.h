@@ -1,0 +1,43 @@
+/*
+ * prnn_internal.h - helpers shared by the CPU and CUDA implementations of
+ * prnn.h. Not part of the public API.
+ */
+#ifndef PRNN_INTERNAL_H
+#define PRNN_INTERNAL_H
+
+#include "prnn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records the detail returned by prnn_last_error() (printf-style, thread-local,
+ * truncated to a few hundred characters) and returns `status`, so that a check
+ * reads:  if (bad) return prnn_fail(PRNN_STATUS_BAD_PARAM, "hidden=%lld < 1", h); */
+prnn_status_t prnn_fail(prnn_status_t status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Clears prnn_last_error(); every entry point calls it first. */
+void prnn_clear_error(void);
+
+/* Size in bytes of one element of a dtype (0 for an invalid dtype). */
+size_t prnn_dtype_size(prnn_dtype_t dtype);
+
+/* Validate the problem, and the args of a pass against it: enums in range,
+ * sizes >= 1, non-NULL pointers, strides that keep every element in bounds
+ * (non-negative; stride 0 allowed for grad_y only), lengths pointer present
+ * iff problem->has_lengths. They do not read tensor memory. */
+prnn_status_t prnn_check_problem(const prnn_problem_t *problem);
+prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
+                                      const prnn_forward_args_t *args);
+prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
+                                       const prnn_backward_args_t *args);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PRNN_INTERNAL_H */

@@ -1,0 +1,159 @@
+/*
+ * status.c - status and tier names, the thread-local error detail, and the
+ * argument checks shared by every implementation of prnn.h.
+ *
+ * C99, and also valid C++17: torch's extension build compiles .c files with g++.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "prnn_internal.h"
+
+/* Thread-local storage: C++11 keyword, C11 keyword, else the GNU/MSVC extensions
+ * (plain C99 has none of its own). */
+#if defined(__cplusplus)
+#define PRNN_THREAD_LOCAL thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define PRNN_THREAD_LOCAL _Thread_local
+#elif defined(__GNUC__)
+#define PRNN_THREAD_LOCAL __thread
+#elif defined(_MSC_VER)
+#define PRNN_THREAD_LOCAL __declspec(thread)
+#else
+#error "no thread-local storage keyword known for this compiler"
+#endif
+
+static PRNN_THREAD_LOCAL char last_error[512];
+
+const char *prnn_status_string(prnn_status_t status) {
+  switch (status) {
+    case PRNN_STATUS_SUCCESS: return "PRNN_STATUS_SUCCESS";
+    case PRNN_STATUS_BAD_PARAM: return "PRNN_STATUS_BAD_PARAM";
+    case PRNN_STATUS_NOT_SUPPORTED: return "PRNN_STATUS_NOT_SUPPORTED";
+    case PRNN_STATUS_WORKSPACE_TOO_SMALL: return "PRNN_STATUS_WORKSPACE_TOO_SMALL";
+    case PRNN_STATUS_CUDA_ERROR: return "PRNN_STATUS_CUDA_ERROR";
+    case PRNN_STATUS_NOT_COMPILED: return "PRNN_STATUS_NOT_COMPILED";
+  }
+  return "PRNN_STATUS_UNKNOWN";
+}
+
+const char *prnn_tier_string(prnn_tier_t tier) {
+  switch (tier) {
+    case PRNN_TIER_NONE: return "none";
+    case PRNN_TIER_CPU_REFERENCE: return "cpu_reference";
+    case PRNN_TIER_PERSISTENT_REGISTERS: return "persistent_registers";
+    case PRNN_TIER_PERSISTENT_SHARED: return "persistent_shared";
+    case PRNN_TIER_STEPWISE: return "stepwise";
+  }
+  return "unknown";
+}
+
+const char *prnn_last_error(void) { return last_error; }
+
+void prnn_clear_error(void) { last_error[0] = '\0'; }
+
+prnn_status_t prnn_fail(prnn_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap); /* truncates, always terminates */
+  va_end(ap);
+  return status;
+}
+
+size_t prnn_dtype_size(prnn_dtype_t dtype) {
+  switch (dtype) {
+    case PRNN_DTYPE_FLOAT32: return 4;
+    case PRNN_DTYPE_FLOAT64: return 8;
+    case PRNN_DTYPE_FLOAT16: return 2;
+    case PRNN_DTYPE_BFLOAT16: return 2;
+  }
+  return 0;
+}
+
+/* The checks below fail on the first bad argument and name it. Enums are
+ * compared as int: a caller may hand us any integer in an enum field. */
+
+static prnn_status_t check_size(const char *name, int64_t value) {
+  if (value < 1)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "%s must be >= 1, got %lld", name, (long long)value);
+  return PRNN_STATUS_SUCCESS;
+}
+
+static prnn_status_t check_stride(const char *name, int64_t value) {
+  if (value < 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "%s must be >= 0, got %lld", name, (long long)value);
+  return PRNN_STATUS_SUCCESS;
+}
+
+static prnn_status_t check_pointer(const char *name, const void *p) {
+  if (p == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "%s must not be NULL", name);
+  return PRNN_STATUS_SUCCESS;
+}
+
+static prnn_status_t check_lengths(const prnn_problem_t *problem, const int32_t *lengths) {
+  if (problem->has_lengths && lengths == NULL)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "lengths must not be NULL when has_lengths is %d",
+                     problem->has_lengths);
+  if (!problem->has_lengths && lengths != NULL)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "lengths must be NULL when has_lengths is 0");
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* Evaluates a check and returns its status from the enclosing function if it failed. */
+#define PRNN_TRY(check)                           \
+  do {                                            \
+    prnn_status_t try_status_ = (check);          \
+    if (try_status_ != PRNN_STATUS_SUCCESS) return try_status_; \
+  } while (0)
+
+prnn_status_t prnn_check_problem(const prnn_problem_t *problem) {
+  PRNN_TRY(check_pointer("problem", problem));
+  if ((int)problem->cell != PRNN_CELL_ELMAN)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "cell must be PRNN_CELL_ELMAN (0), got %d",
+                     (int)problem->cell);
+  if ((int)problem->activation != PRNN_ACT_TANH && (int)problem->activation != PRNN_ACT_RELU)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM,
+                     "activation must be PRNN_ACT_TANH (0) or PRNN_ACT_RELU (1), got %d",
+                     (int)problem->activation);
+  if (prnn_dtype_size(problem->dtype) == 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM,
+                     "dtype must be a prnn_dtype_t (0 float32, 1 float64, 2 float16, "
+                     "3 bfloat16), got %d",
+                     (int)problem->dtype);
+  PRNN_TRY(check_size("steps", problem->steps));
+  PRNN_TRY(check_size("batch", problem->batch));
+  PRNN_TRY(check_size("hidden", problem->hidden));
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* Both args checks validate the problem first, so one call covers an entry point. */
+prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
+                                      const prnn_forward_args_t *args) {
+  PRNN_TRY(prnn_check_problem(problem));
+  PRNN_TRY(check_pointer("args", args));
+  PRNN_TRY(check_pointer("xp", args->xp));
+  PRNN_TRY(check_stride("xp_stride_t", args->xp_stride_t));
+  PRNN_TRY(check_stride("xp_stride_b", args->xp_stride_b));
+  PRNN_TRY(check_pointer("h0", args->h0));
+  PRNN_TRY(check_stride("h0_stride_b", args->h0_stride_b));
+  PRNN_TRY(check_pointer("w_hh", args->w_hh));
+  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
+  PRNN_TRY(check_lengths(problem, args->lengths));
+  PRNN_TRY(check_pointer("y", args->y));
+  return PRNN_STATUS_SUCCESS;
+}
+
+prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
+                                       const prnn_backward_args_t *args) {
+  PRNN_TRY(prnn_check_problem(problem));
+  PRNN_TRY(check_pointer("args", args));
+  PRNN_TRY(check_pointer("grad_y", args->grad_y));
+  PRNN_TRY(check_stride("grad_y_stride_t", args->grad_y_stride_t));
+  PRNN_TRY(check_stride("grad_y_stride_b", args->grad_y_stride_b));
+  PRNN_TRY(check_pointer("y", args->y));
+  PRNN_TRY(check_pointer("w_hh", args->w_hh));
+  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
+  PRNN_TRY(check_lengths(problem, args->lengths));
+  PRNN_TRY(check_pointer("grad_xp", args->grad_xp));
+  return PRNN_STATUS_SUCCESS;
+}
