@@ -1,0 +1,294 @@
+/*
+ * cuda_api.cu - the CUDA half of prnn.h: the plan query (which tier and tile
+ * shape a problem gets on this device) and the forward / backward-data entry
+ * points, one launcher per kernel family.
+ */
+#include <string.h>
+
+#include "persistent.cuh"
+#include "prnn_internal.h"
+#include "stepwise.cuh"
+
+using namespace prnn;
+
+namespace {
+
+/* Largest hidden size of the stepwise tier: its workspace holds a copy of W_hh. */
+const int64_t kMaxStepwiseHidden = 32768;
+const int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int ready;
+  int sms;                 /* multiprocessors */
+  int smem_optin;          /* most dynamic shared memory a block may opt into */
+  int cooperative;         /* cooperative launches supported */
+};
+DeviceInfo g_devices[kMaxDevices]; /* filled once per device; a racing fill writes the same values */
+
+prnn_status_t cuda_fail(cudaError_t err, const char *what) {
+  cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
+  return prnn_fail(PRNN_STATUS_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err),
+                   cudaGetErrorName(err));
+}
+
+prnn_status_t device_info(int device, DeviceInfo *info) {
+  if (device < 0 || device >= kMaxDevices)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d out of range [0, %d)", device, kMaxDevices);
+  DeviceInfo *d = &g_devices[device];
+  if (!d->ready) {
+    DeviceInfo fresh;
+    cudaError_t err = cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&fresh.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&fresh.cooperative, cudaDevAttrCooperativeLaunch, device);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
+    fresh.ready = 1;
+    *d = fresh;
+  }
+  *info = *d;
+  return PRNN_STATUS_SUCCESS;
+}
+
+void persistent_table(prnn_dtype_t dtype, const PersistentConfig **table, int *count) {
+  switch (dtype) {
+    case PRNN_DTYPE_FLOAT32: *table = persistent_configs_f32; *count = persistent_config_count_f32; return;
+    case PRNN_DTYPE_BFLOAT16: *table = persistent_configs_bf16; *count = persistent_config_count_bf16; return;
+    case PRNN_DTYPE_FLOAT16: *table = persistent_configs_f16; *count = persistent_config_count_f16; return;
+    default: *table = NULL; *count = 0; return;
+  }
+}
+
+/* Launch geometry of a tile shape for a problem. */
+struct Geometry {
+  int grid, block, hidden_padded, smem_bytes;
+};
+
+Geometry geometry_of(const PersistentConfig &c, const prnn_problem_t *pb) {
+  Geometry g;
+  const int hidden = (int)pb->hidden;
+  const int per_warp = 32 * c.k_per_thread;
+  const int outputs = c.rows >= 32 ? c.rows : 32; /* N: outputs per tile */
+  g.block = (hidden + per_warp - 1) / per_warp * 32;
+  g.hidden_padded = g.block * c.k_per_thread;
+  g.grid = (hidden + c.rows - 1) / c.rows;
+  g.smem_bytes = (c.rows - c.reg_rows) * g.hidden_padded * (int)prnn_dtype_size(pb->dtype) +
+                 2 * (g.block / 32) * outputs * (int)sizeof(float);
+  return g;
+}
+
+/* Whether shape c can run the problem with all CTAs co-resident (one per SM)
+ * and at most max_grid of them. Fails only on a CUDA error. */
+prnn_status_t shape_fits(const PersistentConfig &c, const prnn_problem_t *pb, const DeviceInfo &dev, int max_grid,
+                         bool *fits) {
+  *fits = false;
+  const Geometry g = geometry_of(c, pb);
+  if (g.block > c.max_threads || g.grid > max_grid || g.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+  const void *fn = (const void *)c.kernel;
+  /* The device's whole opt-in limit, so that a later, smaller problem never lowers it. */
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute");
+  int per_sm = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, g.block, g.smem_bytes);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  *fits = per_sm >= 1;
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* Batches above this run in tiles of few sequences, where a smaller R (more
+ * sequences per tile) wins over fewer CTAs (bench/NOTES.md). */
+const int64_t kLargeBatch = 8;
+
+/* The compiled shape for a problem, or none (*index = -1). Fewer CTAs poll the
+ * exchange less (bench/NOTES.md: 64 CTAs beat 128 at H = 1024, B = 4), so for
+ * small batches the first choice is the smallest all-register shape that needs
+ * at most half the SMs; otherwise, and then, the smallest shape of any kind
+ * that fits one CTA per SM. */
+prnn_status_t search_persistent(const prnn_problem_t *pb, const DeviceInfo &dev, int *index) {
+  *index = -1;
+  const PersistentConfig *table;
+  int count;
+  persistent_table(pb->dtype, &table, &count);
+  if (!dev.cooperative || pb->hidden > 65536) return PRNN_STATUS_SUCCESS;
+  for (int pass = pb->batch > kLargeBatch ? 1 : 0; pass < 2; ++pass) {
+    for (int i = 0; i < count; ++i) {
+      if (pass == 0 && table[i].reg_rows != table[i].rows) continue;
+      bool fits;
+      const prnn_status_t st = shape_fits(table[i], pb, dev, pass == 0 ? dev.sms / 2 : dev.sms, &fits);
+      if (st != PRNN_STATUS_SUCCESS) return st;
+      if (fits) {
+        *index = i;
+        return PRNN_STATUS_SUCCESS;
+      }
+    }
+  }
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* The search result per (device, dtype, hidden, large batch): the occupancy
+ * query costs microseconds, which a launch must not. An entry is one 64-bit
+ * word holding key and value (hidden << 32 | large << 16 | dtype << 8 |
+ * index + 1), so concurrent callers never read a torn entry; a collision
+ * merely searches again. */
+const int kPlanCacheSize = 512;
+unsigned long long g_plan_cache[kMaxDevices][kPlanCacheSize];
+
+prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const DeviceInfo &dev,
+                                const PersistentConfig **chosen, Geometry *geom) {
+  *chosen = NULL;
+  const unsigned long long large = pb->batch > kLargeBatch;
+  const unsigned long long key =
+      (unsigned long long)pb->hidden << 32 | large << 16 | (unsigned long long)pb->dtype << 8;
+  unsigned long long *slot = &g_plan_cache[device][(pb->hidden * 8 + large * 4 + pb->dtype) % kPlanCacheSize];
+  const unsigned long long cached = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+  int index;
+  if (cached != 0 && (cached & ~0xffull) == key) {
+    index = (int)(cached & 0xff) - 1;
+  } else {
+    const prnn_status_t st = search_persistent(pb, dev, &index);
+    if (st != PRNN_STATUS_SUCCESS) return st;
+    __atomic_store_n(slot, key | (unsigned long long)(index + 1), __ATOMIC_RELEASE);
+  }
+  if (index < 0) return PRNN_STATUS_SUCCESS;
+  const PersistentConfig *table;
+  int count;
+  persistent_table(pb->dtype, &table, &count);
+  *chosen = &table[index];
+  *geom = geometry_of(table[index], pb);
+  return PRNN_STATUS_SUCCESS;
+}
+
+prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out,
+                   const PersistentConfig **config, Geometry *geom) {
+  memset(out, 0, sizeof *out);
+  *config = NULL;
+  prnn_status_t st = prnn_check_problem(pb);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (pb->steps > 0x7fffffff || pb->batch > 0x7fffffff)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "steps and batch must be < 2^31, got steps=%lld batch=%lld",
+                     (long long)pb->steps, (long long)pb->batch);
+  DeviceInfo dev;
+  st = device_info(device, &dev);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  st = choose_persistent(pb, device, dev, config, geom);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  const size_t elem = prnn_dtype_size(pb->dtype);
+  if (*config != NULL) {
+    const PersistentConfig &c = **config;
+    out->tier = c.reg_rows == c.rows ? PRNN_TIER_PERSISTENT_REGISTERS : PRNN_TIER_PERSISTENT_SHARED;
+    out->workspace_bytes = 2 * (size_t)pb->batch * (geom->hidden_padded / c.pack) * sizeof(unsigned long long);
+    out->grid = geom->grid;
+    out->block = geom->block;
+    out->rows_per_cta = c.rows;
+    out->smem_bytes = geom->smem_bytes;
+    return PRNN_STATUS_SUCCESS;
+  }
+  if (pb->hidden > kMaxStepwiseHidden)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
+                     "hidden=%lld is larger than the largest supported hidden size, %lld",
+                     (long long)pb->hidden, (long long)kMaxStepwiseHidden);
+  out->tier = PRNN_TIER_STEPWISE;
+  out->workspace_bytes = stepwise_workspace_bytes((int)pb->batch, (int)pb->hidden, elem);
+  out->grid = (int)((pb->hidden + 7) / 8);
+  out->block = 256;
+  out->rows_per_cta = 8;
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* Zero the exchange words, then one cooperative launch of the chosen shape. */
+prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, RecurrenceParams params,
+                                void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+  params.hidden_padded = g.hidden_padded;
+  params.xchg = static_cast<unsigned long long *>(workspace);
+  cudaError_t err = cudaMemsetAsync(workspace, 0, workspace_bytes, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
+  void *args[] = {&params};
+  err = cudaLaunchCooperativeKernel((const void *)c.kernel, dim3(g.grid), dim3(g.block), args,
+                                    (size_t)g.smem_bytes, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(persistent_rnn_kernel)");
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* Shared by both passes: plan, check the workspace, launch the chosen tier. */
+prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void *workspace,
+                  size_t workspace_bytes, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
+  prnn_plan_t pl;
+  const PersistentConfig *config;
+  Geometry geom;
+  prnn_status_t st = plan(pb, device, &pl, &config, &geom);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (workspace_bytes < pl.workspace_bytes || workspace == NULL)
+    return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
+                     workspace_bytes, workspace, pl.workspace_bytes);
+  if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
+  err = launch_stepwise(pb->dtype, params, workspace, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "stepwise_rnn_kernel launch");
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* The fields both passes fill alike. */
+RecurrenceParams params_of(const prnn_problem_t *pb, int backward, const void *w_hh, int64_t w_hh_stride,
+                           const int32_t *lengths, void *out) {
+  RecurrenceParams p;
+  memset(&p, 0, sizeof p);
+  p.steps = (int)pb->steps;
+  p.batch = (int)pb->batch;
+  p.hidden = (int)pb->hidden;
+  p.backward = backward;
+  p.activation = pb->activation;
+  p.a = w_hh;
+  p.a_stride_row = backward ? 1 : w_hh_stride; /* backward: A = W_hh^T, A[i][k] = W_hh[k][i] */
+  p.a_stride_col = backward ? w_hh_stride : 1;
+  p.lengths = pb->has_lengths ? lengths : NULL;
+  p.out = out;
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, int device, prnn_plan_t *out) {
+  prnn_clear_error();
+  if (problem == NULL || out == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "problem and plan must not be NULL");
+  if (pass != PRNN_PASS_FORWARD && pass != PRNN_PASS_BACKWARD_DATA)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "pass must be PRNN_PASS_FORWARD or PRNN_PASS_BACKWARD_DATA, got %d",
+                     (int)pass);
+  const PersistentConfig *config;
+  Geometry geom;
+  const prnn_status_t st = plan(problem, device, out, &config, &geom);
+  if (st == PRNN_STATUS_NOT_SUPPORTED) out->tier = PRNN_TIER_NONE;
+  return st;
+}
+
+prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem, const prnn_forward_args_t *args,
+                                void *workspace, size_t workspace_bytes, prnn_stream_t stream) {
+  prnn_clear_error();
+  const prnn_status_t st = prnn_check_forward_args(problem, args);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  RecurrenceParams p = params_of(problem, 0, args->w_hh, args->w_hh_stride, args->lengths, args->y);
+  p.in = args->xp;
+  p.in_stride_t = args->xp_stride_t;
+  p.in_stride_b = args->xp_stride_b;
+  p.h0 = args->h0;
+  p.h0_stride_b = args->h0_stride_b;
+  return run(problem, p, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem, const prnn_backward_args_t *args,
+                                      void *workspace, size_t workspace_bytes, prnn_stream_t stream) {
+  prnn_clear_error();
+  const prnn_status_t st = prnn_check_backward_args(problem, args);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  RecurrenceParams p = params_of(problem, 1, args->w_hh, args->w_hh_stride, args->lengths, args->grad_xp);
+  p.in = args->grad_y;
+  p.in_stride_t = args->grad_y_stride_t;
+  p.in_stride_b = args->grad_y_stride_b;
+  p.y = args->y;
+  return run(problem, p, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+}  // extern "C"

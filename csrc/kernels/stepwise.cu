@@ -1,0 +1,115 @@
+/* stepwise.cu - kernels and launcher of the one-launch-per-step tier. */
+#include "stepwise.cuh"
+
+namespace prnn {
+
+static const size_t kAlign = 256;
+
+static size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+size_t stepwise_workspace_bytes(int batch, int hidden, size_t elem_size) {
+  return align_up((size_t)hidden * hidden * elem_size) + 2 * (size_t)batch * hidden * elem_size;
+}
+
+/* dst[i*n + k] = A[i][k]: a contiguous copy, so that a warp reads rows coalesced. */
+template <typename E>
+__global__ void copy_matrix_kernel(const E *src, int64_t stride_row, int64_t stride_col, int n, E *dst) {
+  const int64_t total = (int64_t)n * n;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = idx / n, k = idx % n;
+    dst[idx] = src[i * stride_row + k * stride_col];
+  }
+}
+
+/* One step: a warp per output row, lanes split K, BT sequences at a time. */
+template <typename E>
+__global__ void stepwise_rnn_kernel(const RecurrenceParams p, const E *a, E *state, int s) {
+  typedef typename AccumOf<E>::type A;
+  const int BT = 4;
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= p.hidden) return; /* the whole warp leaves together */
+  const int T = p.steps, B = p.batch, H = p.hidden;
+  const int t = p.backward ? T - 1 - s : s;
+  const E *a_row = a + (size_t)row * H;
+  const E *prev = state + (size_t)((s + 1) & 1) * B * H; /* s_{t-1}, written by launch s-1 */
+  E *next = state + (size_t)(s & 1) * B * H;
+  const E *h0 = static_cast<const E *>(p.h0);
+  const E *in = static_cast<const E *>(p.in);
+  const E *yfwd = static_cast<const E *>(p.y);
+  E *out = static_cast<E *>(p.out);
+
+  for (int b0 = 0; b0 < B; b0 += BT) {
+    A acc[BT];
+#pragma unroll
+    for (int bl = 0; bl < BT; ++bl) acc[bl] = A(0);
+    if (s > 0 || !p.backward) {
+      for (int k = lane; k < H; k += 32) {
+        const A w = to_accum(a_row[k]);
+#pragma unroll
+        for (int bl = 0; bl < BT; ++bl) {
+          const int b = b0 + bl;
+          if (b < B) acc[bl] += w * to_accum(s == 0 ? h0[b * p.h0_stride_b + k] : prev[(size_t)b * H + k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int bl = 0; bl < BT; ++bl)
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) acc[bl] += __shfl_xor_sync(0xffffffffu, acc[bl], off);
+
+    const int b = b0 + lane;
+    if (lane < BT && b < B) {
+      A mat = acc[0];
+#pragma unroll
+      for (int bl = 1; bl < BT; ++bl)
+        if (lane == bl) mat = acc[bl];
+      const bool active = t < sequence_length(p.lengths, b, T);
+      const A in_v = to_accum(in[t * p.in_stride_t + b * p.in_stride_b + row]);
+      const A y_v = p.backward ? to_accum(yfwd[((size_t)t * B + b) * H + row]) : A(0);
+      const A frozen = p.backward ? A(0)
+                                  : to_accum(s == 0 ? h0[b * p.h0_stride_b + row] : prev[(size_t)b * H + row]);
+      A st;
+      const A value = step_output(p.backward, p.activation, active, mat, in_v, y_v, frozen, &st);
+      out[((size_t)t * B + b) * H + row] = Round<E>::to(value);
+      next[(size_t)b * H + row] = Round<E>::to(st);
+    }
+  }
+}
+
+template <typename E>
+static cudaError_t run_stepwise(const RecurrenceParams &p, void *workspace, cudaStream_t stream) {
+  E *a = static_cast<E *>(workspace);
+  E *state = reinterpret_cast<E *>(static_cast<char *>(workspace) +
+                                   align_up((size_t)p.hidden * p.hidden * sizeof(E)));
+  const int threads = 256;
+  const int64_t total = (int64_t)p.hidden * p.hidden;
+  const int64_t blocks_needed = (total + threads - 1) / threads;
+  const int copy_blocks = blocks_needed < 4096 ? (int)blocks_needed : 4096; /* grid-stride beyond */
+  copy_matrix_kernel<E><<<copy_blocks, threads, 0, stream>>>(static_cast<const E *>(p.a), p.a_stride_row,
+                                                            p.a_stride_col, p.hidden, a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int rows_per_block = threads / 32;
+  const int blocks = (p.hidden + rows_per_block - 1) / rows_per_block;
+  for (int s = 0; s < p.steps; ++s) {
+    stepwise_rnn_kernel<E><<<blocks, threads, 0, stream>>>(p, a, state, s);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t launch_stepwise(prnn_dtype_t dtype, const RecurrenceParams &params, void *workspace,
+                            cudaStream_t stream) {
+  switch (dtype) {
+    case PRNN_DTYPE_FLOAT32: return run_stepwise<float>(params, workspace, stream);
+    case PRNN_DTYPE_FLOAT64: return run_stepwise<double>(params, workspace, stream);
+    case PRNN_DTYPE_FLOAT16: return run_stepwise<__half>(params, workspace, stream);
+    case PRNN_DTYPE_BFLOAT16: return run_stepwise<__nv_bfloat16>(params, workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace prnn
