@@ -1,0 +1,216 @@
+"""Times PersistentRNN against nn.RNN (cuDNN) eager and nn.RNN replayed in a CUDA
+graph, in one process on one GPU, and writes bench/results/<device>.json.
+
+    python bench/bench.py [--quick] [--floor build/floor] [--out DIR]
+
+Every figure is the median of CUDA-event timings after warm-up, divided by the
+number of steps. Records follow the schema of the GPU issues:
+{"impl", "cell", "dtype", "batch", "hidden", "input", "steps", "layers", "pass",
+ "us_per_step", "device", "torch", "cuda", "date"}.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+
+import torch_prnn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def median_ms(fn, iters, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph; returns (replay, graph) - keep the graph alive while timing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay, graph
+
+
+def models(hidden, dtype):
+    ref = torch.nn.RNN(hidden, hidden, device="cuda", dtype=dtype)
+    ours = torch_prnn.PersistentRNN.from_rnn(ref)
+    return ref, ours
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def bench_one(dtype_name, batch, hidden, steps, iters, passes):
+    dtype = DTYPES[dtype_name]
+    torch.manual_seed(0)
+    ref, ours = models(hidden, dtype)
+    x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+    out = {}
+    with torch.no_grad():
+        err = rel_err(ours(x, h0)[0], ref(x, h0)[0])
+        out[("prnn", "fwd")] = median_ms(lambda: ours(x, h0), iters)
+        out[("cudnn", "fwd")] = median_ms(lambda: ref(x, h0), iters)
+        replay, graph = graphed(lambda: ref(x, h0))
+        out[("cudnn_graph", "fwd")] = median_ms(replay, iters)
+        del graph
+    if "fwdbwd" in passes:
+        for name, model in (("prnn", ours), ("cudnn", ref)):
+            params = list(model.parameters())
+
+            def step(model=model, params=params):
+                y, _ = model(x, h0)
+                torch.autograd.grad(y.float().sum(), params)
+
+            out[(name, "fwdbwd")] = median_ms(step, max(5, iters // 2))
+    return {k: 1000.0 * v / steps for k, v in out.items()}, err
+
+
+def peak_training_memory(batch, hidden, steps, dtype):
+    """Peak bytes allocated by one forward+backward beyond the inputs and weights."""
+    ref, ours = models(hidden, dtype)
+    x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+    result = {}
+    for name, model in (("prnn", ours), ("cudnn", ref)):
+        y, _ = model(x)
+        torch.autograd.grad(y.float().sum(), list(model.parameters()))  # warm-up, workspace
+        del y
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        y, _ = model(x)
+        torch.autograd.grad(y.float().sum(), list(model.parameters()))
+        del y
+        torch.cuda.synchronize()
+        result[name] = torch.cuda.max_memory_allocated() - base
+    return result
+
+
+def diagnose():
+    """Where a step's time goes: the op alone at several T (slope = per-step
+    kernel time, intercept = per-call cost), the host time of a call, and the
+    module replayed in a CUDA graph (no launch overhead)."""
+    import time
+    for dtype_name in ("float32", "bfloat16"):
+        dtype = DTYPES[dtype_name]
+        for batch in (1, 4, 16):
+            hidden = 1024
+            w = (torch.rand(hidden, hidden, device="cuda", dtype=dtype) * 2 - 1) * hidden ** -0.5
+            h0 = torch.randn(batch, hidden, device="cuda", dtype=dtype)
+            ms = {}
+            for steps in (64, 1024):
+                xp = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+                ms[steps] = median_ms(lambda: torch.ops.prnn.forward(xp, h0, w, None, "tanh"), 15)
+            slope = 1000 * (ms[1024] - ms[64]) / (1024 - 64)
+            intercept = 1000 * ms[64] - 64 * slope
+            xp = torch.randn(256, batch, hidden, device="cuda", dtype=dtype)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(50):
+                torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+            host_us = 1e6 * (time.perf_counter() - t0) / 50
+            torch.cuda.synchronize()
+            ref, ours = models(hidden, dtype)
+            x = torch.randn(256, batch, hidden, device="cuda", dtype=dtype)
+            with torch.no_grad():
+                replay, graph = graphed(lambda: ours(x))
+                graph_us = 1000 * median_ms(replay, 15) / 256
+                eager_us = 1000 * median_ms(lambda: ours(x), 15) / 256
+            print(f"diag {dtype_name:8s} B={batch:2d} H={hidden}: op slope {slope:6.3f} us/step, intercept "
+                  f"{intercept:7.1f} us; host {host_us:6.1f} us/call; module eager {eager_us:6.3f}, "
+                  f"graph {graph_us:6.3f} us/step", flush=True)
+
+
+def run_floor(binary):
+    if not binary or not os.path.exists(binary):
+        return []
+    lines = subprocess.run([binary], check=True, capture_output=True, text=True).stdout.splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--floor", default="", help="path of the built bench/floor.cu")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--diag", action="store_true", help="only the per-step / per-call breakdown")
+    args = ap.parse_args()
+    if args.diag:
+        diagnose()
+        return
+
+    props = torch.cuda.get_device_properties(0)
+    device = props.name
+    meta = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat()}
+    steps = 256
+    if args.quick:
+        grid = [(d, b, h) for d in DTYPES for b in (1, 4, 16) for h in (1024,)]
+    else:
+        grid = [(d, b, h) for d in DTYPES for b in (1, 2, 4, 8, 16, 32, 64) for h in (256, 512, 1024, 1152, 2048)]
+    passes = ("fwd",) if args.no_backward else ("fwd", "fwdbwd")
+
+    floor = run_floor(args.floor)
+    records, rows = [], []
+    for dtype_name, batch, hidden in grid:
+        times, err = bench_one(dtype_name, batch, hidden, steps, args.iters, passes)
+        tier = torch_prnn.plan(hidden, batch=batch, steps=steps, dtype=DTYPES[dtype_name], device="cuda")["tier"]
+        for (impl, pss), us in times.items():
+            records.append(dict(impl=impl, cell="rnn_tanh", dtype=dtype_name, batch=batch, hidden=hidden,
+                                input=hidden, steps=steps, layers=1, **{"pass": pss}, us_per_step=round(us, 4),
+                                **meta))
+        rows.append((dtype_name, batch, hidden, tier, times, err))
+        print(f"{dtype_name:8s} B={batch:3d} H={hidden:5d} {tier:22s} "
+              + " ".join(f"{i}/{p}={v:8.2f}" for (i, p), v in times.items()) + f" err={err:.1e}", flush=True)
+
+    memory = {}
+    if "fwdbwd" in passes:
+        for dtype_name in ("float32", "bfloat16"):
+            memory[dtype_name] = peak_training_memory(4, 1024, steps, DTYPES[dtype_name])
+
+    os.makedirs(args.out, exist_ok=True)
+    slug = device.replace(" ", "_")
+    with open(os.path.join(args.out, f"{slug}.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    with open(os.path.join(args.out, f"{slug}.extra.json"), "w") as f:
+        json.dump({**meta, "floor": floor, "peak_training_bytes_B4_H1024_T256": memory}, f, indent=1)
+
+    print("\nfloor:", ", ".join(f"{r['what']}(B={r['batch']},H={r['hidden']})={r['us_per_step']:.2f}us" for r in floor))
+    for dtype_name, m in memory.items():
+        print(f"peak training memory B=4 H=1024 T=256 {dtype_name}: prnn {m['prnn'] / 2**20:.1f} MiB, "
+              f"cudnn {m['cudnn'] / 2**20:.1f} MiB")
+    print(f"\n{'dtype':8s} {'B':>3s} {'H':>5s} {'prnn':>7s} {'cudnn':>7s} {'graph':>7s} {'x eager':>7s} {'x graph':>7s}"
+          f" {'prnn fb':>7s} {'cudnn fb':>8s} {'x fb':>6s}  tier")
+    for dtype_name, batch, hidden, tier, t, err in rows:
+        fb = t.get(("prnn", "fwdbwd"), float("nan")), t.get(("cudnn", "fwdbwd"), float("nan"))
+        print(f"{dtype_name:8s} {batch:3d} {hidden:5d} {t[('prnn', 'fwd')]:7.2f} {t[('cudnn', 'fwd')]:7.2f} "
+              f"{t[('cudnn_graph', 'fwd')]:7.2f} {t[('cudnn', 'fwd')] / t[('prnn', 'fwd')]:7.1f} "
+              f"{t[('cudnn_graph', 'fwd')] / t[('prnn', 'fwd')]:7.1f} {fb[0]:7.2f} {fb[1]:8.2f} {fb[1] / fb[0]:6.1f}  {tier}")
+
+
+if __name__ == "__main__":
+    main()

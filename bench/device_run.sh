@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests, benchmark, a short table last.
+#
+#   bash bench/device_run.sh [stages...]
+#   stages: build test gputest bench quick diag profile sanitize (default: build test bench)
+#
+# Logs and results go to $OUT (the device tool's return folder) or build/device/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/device}
+mkdir -p "$OUT" build
+export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# One architecture here keeps the build short; setup.py's default builds sm_80/86/89/90+PTX.
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+stages=${*:-build test bench}
+status=0
+summary=()
+
+stage() { # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-9s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+for s in $stages; do
+  case $s in
+    build)
+      stage build python3 setup.py build_ext --inplace || { tail -40 "$OUT/build.log"; break; }
+      stage floor nvcc -O3 -std=c++17 -arch=sm_90 bench/floor.cu -o build/floor ;;
+    test)
+      stage test python3 -m pytest -q -x -rs --durations=15 tests
+      tail -30 "$OUT/test.log" ;;
+    gputest)
+      stage gputest python3 -m pytest -q -rs --durations=10 tests/test_gpu_kernels.py
+      tail -30 "$OUT/gputest.log" ;;
+    bench)
+      stage bench python3 bench/bench.py --floor build/floor --out "$OUT"
+      tail -115 "$OUT/bench.log" ;;
+    diag)
+      stage diag python3 bench/bench.py --diag
+      cat "$OUT/diag.log" ;;
+    profile)
+      stage profile ncu --clock-control none --kernel-name regex:persistent --launch-skip 2 --launch-count 1 \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
+        python3 bench/profile_step.py float32 4
+      grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$OUT/profile.log" | head -60 ;;
+    quick)
+      stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"
+      tail -20 "$OUT/quick.log" ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do
+        stage "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 python3 bench/sanitize_cases.py
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= [A-Z]" "$OUT/$tool.log" | tail -3
+      done ;;
+    *) echo "unknown stage $s"; status=1 ;;
+  esac
+done
+
+echo
+printf '%s\n' "${summary[@]}"
+exit $status

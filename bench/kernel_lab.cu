@@ -1,0 +1,103 @@
+/*
+ * kernel_lab.cu - times the persistent kernel alone (no torch, no launcher),
+ * per step, at fixed tile shapes: the harness for kernel experiments (edit
+ * persistent.cuh, build, compare labels; bench/NOTES.md has the ones run).
+ *
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels bench/kernel_lab.cu -o build/lab
+ *   build/lab <label>
+ * Prints {"label", "dtype", "batch", "hidden", "us_per_step"} lines (slope over T = 64 and 1024).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <algorithm>
+#include <vector>
+
+#include "persistent.cuh"
+
+#define CHECK(call)                                                                             \
+  do {                                                                                          \
+    cudaError_t err_ = (call);                                                                  \
+    if (err_ != cudaSuccess) {                                                                  \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      exit(1);                                                                                  \
+    }                                                                                           \
+  } while (0)
+
+using namespace prnn;
+
+template <typename E, int R, int KL, int RREG, int MAXT>
+static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *h0, void *out, void *xchg) {
+  const int block = (hidden + 32 * KL - 1) / (32 * KL) * 32, grid = (hidden + R - 1) / R;
+  RecurrenceParams p = {};
+  p.steps = steps;
+  p.batch = batch;
+  p.hidden = hidden;
+  p.hidden_padded = block * KL;
+  p.a = a;
+  p.a_stride_row = hidden;
+  p.a_stride_col = 1;
+  p.in = in;
+  p.in_stride_t = (int64_t)batch * hidden;
+  p.in_stride_b = hidden;
+  p.h0 = h0;
+  p.h0_stride_b = hidden;
+  p.out = out;
+  p.xchg = (unsigned long long *)xchg;
+  const size_t xbytes = 2 * (size_t)batch * (p.hidden_padded / Pack<E>::value) * 8;
+  const int smem = 2 * (block / 32) * (R >= 32 ? R : 32) * 4 + (R - RREG) * p.hidden_padded * (int)sizeof(E);
+  void (*fn)(RecurrenceParams) = persistent_rnn_kernel<E, R, KL, RREG, MAXT>;
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  void *args[] = {&p};
+  std::vector<float> times;
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  for (int rep = 0; rep < 7; ++rep) {
+    CHECK(cudaMemset(xchg, 0, xbytes));
+    CHECK(cudaEventRecord(t0));
+    CHECK(cudaLaunchCooperativeKernel((const void *)fn, grid, block, args, smem, 0));
+    CHECK(cudaEventRecord(t1));
+    CHECK(cudaEventSynchronize(t1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    if (rep >= 2) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <typename E, int R, int KL, int RREG, int MAXT>
+static void run(const char *label, const char *dtype, int batch, int hidden) {
+  const int steps_max = 1024;
+  void *a, *in, *h0, *out, *xchg;
+  CHECK(cudaMalloc(&a, (size_t)hidden * hidden * sizeof(E)));
+  CHECK(cudaMalloc(&in, (size_t)steps_max * batch * hidden * sizeof(E)));
+  CHECK(cudaMalloc(&h0, (size_t)batch * hidden * sizeof(E)));
+  CHECK(cudaMalloc(&out, (size_t)steps_max * batch * hidden * sizeof(E)));
+  CHECK(cudaMalloc(&xchg, 2 * (size_t)batch * 4096 * 8));
+  /* small values: any bit pattern of 0x20 bytes is a small normal number in every dtype */
+  CHECK(cudaMemset(a, 0x20, (size_t)hidden * hidden * sizeof(E)));
+  CHECK(cudaMemset(in, 0x20, (size_t)steps_max * batch * hidden * sizeof(E)));
+  CHECK(cudaMemset(h0, 0x20, (size_t)batch * hidden * sizeof(E)));
+  const float lo = time_ms<E, R, KL, RREG, MAXT>(64, batch, hidden, a, in, h0, out, xchg);
+  const float hi = time_ms<E, R, KL, RREG, MAXT>(steps_max, batch, hidden, a, in, h0, out, xchg);
+  printf("{\"label\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"hidden\": %d, \"us_per_step\": %.3f}\n", label,
+         dtype, batch, hidden, 1000.f * (hi - lo) / (steps_max - 64));
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(in));
+  CHECK(cudaFree(h0));
+  CHECK(cudaFree(out));
+  CHECK(cudaFree(xchg));
+}
+
+int main(int argc, char **argv) {
+  const char *label = argc > 1 ? argv[1] : "base";
+  for (int batch : {1, 4, 16}) {
+    run<float, 8, 8, 8, 256>(label, "float32", batch, 1024);
+    run<__nv_bfloat16, 8, 8, 8, 256>(label, "bfloat16", batch, 1024);
+  }
+  run<float, 16, 8, 16, 256>(label, "float32/R16", 4, 1024);
+  run<__nv_bfloat16, 16, 8, 16, 256>(label, "bfloat16/R16", 4, 1024);
+  CHECK(cudaGetLastError());
+  return 0;
+}

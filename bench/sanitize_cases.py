@@ -1,0 +1,30 @@
+"""Forward and backward of every kernel family for compute-sanitizer (memcheck,
+racecheck, synccheck): small T, shapes up to the on-chip limits.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_cases.py
+"""
+import torch
+
+import torch_prnn
+
+CASES = [  # (T, B, H, dtype, with lengths)
+    (3, 1, 7, torch.float32, False),
+    (4, 5, 129, torch.bfloat16, True),
+    (3, 4, 1024, torch.float32, True),
+    (3, 4, 2048, torch.float32, False),
+    (3, 4, 2816, torch.bfloat16, False),
+    (3, 3, 2816, torch.float16, True),
+    (3, 2, 64, torch.float64, True),
+    (2, 2, 4096, torch.float32, False),
+]
+
+for T, B, H, dtype, with_lengths in CASES:
+    xp = torch.randn(T, B, H, device="cuda", dtype=dtype)
+    h0 = torch.randn(B, H, device="cuda", dtype=dtype)
+    w = (torch.rand(H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
+    lengths = torch.randint(0, T + 1, (B,)) if with_lengths else None
+    y = torch.ops.prnn.forward(xp, h0, w, lengths, "tanh")
+    grads = torch.ops.prnn.backward(torch.randn_like(y), y, h0, w, lengths, "tanh")
+    torch.cuda.synchronize()
+    tier = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda")["tier"]
+    print(f"T={T} B={B} H={H} {dtype} lengths={with_lengths} tier={tier}: finite={bool(torch.isfinite(y).all())}")
