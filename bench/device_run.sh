@@ -12,6 +12,10 @@ mkdir -p "$OUT" build
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # One architecture here keeps the build short; setup.py's default builds sm_80/86/89/90+PTX.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# The GPU image's default compiler wrapper (/opt/gcc/bin/g++) links libstdc++
+# statically into the extension, and a TORCH_CHECK message then segfaults in it;
+# the system compiler does not.
+[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 stages=${*:-build test bench}
 status=0
 summary=()

@@ -27,9 +27,8 @@ void prnn_clear_error(void);
 size_t prnn_dtype_size(prnn_dtype_t dtype);
 
 /* Validate the problem, and the args of a pass against it: enums in range,
- * sizes >= 1, non-NULL pointers, strides that keep every element in bounds
- * (non-negative; stride 0 allowed for grad_y only), lengths pointer present
- * iff problem->has_lengths. They do not read tensor memory. */
+ * sizes >= 1, non-NULL pointers, non-negative strides (0 broadcasts), a
+ * lengths pointer iff problem->has_lengths. They do not read tensor memory. */
 prnn_status_t prnn_check_problem(const prnn_problem_t *problem);
 prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
                                       const prnn_forward_args_t *args);
