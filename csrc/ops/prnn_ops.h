@@ -1,0 +1,67 @@
+// prnn_ops.h - what the CPU and CUDA impls of the prnn:: ops share: argument
+// checks, the C API structs filled from tensors, status errors, and the
+// weight-gradient GEMMs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include "../kernels/prnn.h"
+
+namespace torch_prnn {
+
+// Check the tensors of prnn::forward / prnn::backward (ranks, sizes, dtypes,
+// devices, nonlinearity) and return the problem. `lengths` is checked by
+// host_lengths.
+prnn_problem_t check_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
+                             const std::optional<at::Tensor>& lengths,
+                             c10::string_view nonlinearity);
+prnn_problem_t check_backward(const at::Tensor& grad_y, const at::Tensor& y,
+                              const at::Tensor& h0, const at::Tensor& w_hh,
+                              const std::optional<at::Tensor>& lengths,
+                              c10::string_view nonlinearity);
+
+// Checks `lengths` (CPU int64 [batch], values in [0, steps]) and returns it as
+// contiguous host int32, or an undefined tensor when absent.
+at::Tensor host_lengths(const char* op, const std::optional<at::Tensor>& lengths,
+                        const prnn_problem_t& problem);
+
+// True when some size is zero: the outputs are empty (or zero) and the C API,
+// which takes sizes >= 1, is not called.
+bool is_empty(const prnn_problem_t& problem);
+
+// Workspace of `plan`'s size on like's device (the C API never allocates).
+at::Tensor workspace(const prnn_plan_t& plan, const at::Tensor& like);
+
+// The C API takes a stride per outer dimension but a unit-stride last one.
+at::Tensor unit_last_stride(const at::Tensor& t);
+
+// The C API's argument structs; every tensor has a unit-stride last dimension
+// and `lengths` is int32 in the memory of the device that runs the pass.
+prnn_forward_args_t forward_args(const at::Tensor& xp, const at::Tensor& h0,
+                                 const at::Tensor& w_hh, const at::Tensor& lengths,
+                                 const at::Tensor& y);
+prnn_backward_args_t backward_args(const at::Tensor& grad_y, const at::Tensor& y,
+                                   const at::Tensor& w_hh, const at::Tensor& lengths,
+                                   const at::Tensor& grad_xp);
+
+// Raises for a non-success status with the C API's detail
+// (NotImplementedError for PRNN_STATUS_NOT_SUPPORTED, RuntimeError otherwise).
+void check_status(const char* op, prnn_status_t status);
+
+// The rest of prnn::backward from delta = grad_xp [T,B,H], on any device:
+//   grad_w_hh = delta_0^T h0 + sum_{t>=1} delta_t^T y_{t-1},  grad_h0 = delta_0 w_hh.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor& grad_xp,
+                                                               const at::Tensor& y,
+                                                               const at::Tensor& h0,
+                                                               const at::Tensor& w_hh);
+
+#ifdef WITH_CUDA
+// prnn_plan_cuda for `device` (the current CUDA device when it has no index).
+prnn_status_t plan_cuda(const prnn_problem_t& problem, prnn_pass_t pass, c10::Device device,
+                        prnn_plan_t* plan);
+#endif
+
+}  // namespace torch_prnn

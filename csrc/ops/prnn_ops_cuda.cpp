@@ -1,0 +1,81 @@
+// prnn_ops_cuda.cpp - the CUDA impls of prnn::forward and prnn::backward
+// (built only with CUDA). Like the CPU impls, but under a device guard, on
+// PyTorch's current stream, with lengths copied to the device.
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "prnn_ops.h"
+
+namespace torch_prnn {
+namespace {
+
+prnn_stream_t current_stream() {
+  return static_cast<prnn_stream_t>(c10::cuda::getCurrentCUDAStream().stream());
+}
+
+// The kernels read lengths from device memory: a copy on x's device.
+at::Tensor on_device(const at::Tensor& host_lengths32, const at::Tensor& x) {
+  return host_lengths32.defined() ? host_lengths32.to(x.device()) : host_lengths32;
+}
+
+at::Tensor forward_cuda(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
+                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+  const char* op = "prnn::forward";
+  const prnn_problem_t problem = check_forward(xp, h0, w_hh, lengths, nonlinearity);
+  // After the checks every tensor is on xp's device: a CPU xp would have
+  // failed them (the call came here because some argument is on CUDA).
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const c10::cuda::CUDAGuard guard(xp.device());
+  at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
+  const at::Tensor lengths32 = on_device(host_lengths32, xp);
+  if (is_empty(problem)) return y;
+
+  const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
+                   w_hh_ = unit_last_stride(w_hh);
+  prnn_plan_t plan;
+  check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
+  at::Tensor ws = workspace(plan, xp);
+  const prnn_forward_args_t args = forward_args(xp_, h0_, w_hh_, lengths32, y);
+  check_status(op, prnn_forward_cuda(&problem, &args, ws.data_ptr(), plan.workspace_bytes,
+                                     current_stream()));
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
+    const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+  const char* op = "prnn::backward";
+  const prnn_problem_t problem = check_backward(grad_y, y, h0, w_hh, lengths, nonlinearity);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const c10::cuda::CUDAGuard guard(y.device());
+  at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
+  const at::Tensor lengths32 = on_device(host_lengths32, y);
+  if (!is_empty(problem)) {
+    const at::Tensor grad_y_ = unit_last_stride(grad_y), y_ = y.contiguous(),
+                     w_hh_ = unit_last_stride(w_hh);
+    prnn_plan_t plan;
+    check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
+    at::Tensor ws = workspace(plan, y);
+    const prnn_backward_args_t args = backward_args(grad_y_, y_, w_hh_, lengths32, grad_xp);
+    check_status(op, prnn_backward_data_cuda(&problem, &args, ws.data_ptr(), plan.workspace_bytes,
+                                             current_stream()));
+  }
+  return finish_backward(grad_xp, y, h0, w_hh);
+}
+
+}  // namespace
+
+prnn_status_t plan_cuda(const prnn_problem_t& problem, prnn_pass_t pass, c10::Device device,
+                        prnn_plan_t* plan) {
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return prnn_plan_cuda(&problem, pass, index, plan);
+}
+
+}  // namespace torch_prnn
+
+TORCH_LIBRARY_IMPL(prnn, CUDA, m) {
+  m.impl("forward", &torch_prnn::forward_cuda);
+  m.impl("backward", &torch_prnn::backward_cuda);
+}

@@ -1,0 +1,319 @@
+"""PersistentRNN against torch.nn.RNN with the same weights: outputs, h_n and
+every gradient, for each constructor option, odd sizes, layouts, unbatched
+and packed input, dropout; the nn.RNN interface and its errors."""
+
+import itertools
+import re
+import warnings
+
+import pytest
+import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+import torch_prnn
+from conftest import assert_close, devices, twins
+
+TESTED_DTYPES = [torch.float64, torch.float32]
+
+
+def run(module, input, hx):
+    """Output, h_n, and the gradients of a random loss of both with respect to
+    input, hx and every parameter."""
+    output, h_n = module(input, hx)
+    data = output.data if isinstance(output, PackedSequence) else output
+    gen = torch.Generator().manual_seed(1)
+    loss = (data * torch.randn(data.shape, generator=gen).to(data)).sum() + (
+        h_n * torch.randn(h_n.shape, generator=gen).to(h_n)
+    ).sum()
+    leaves = [hx] if hx is not None else []
+    leaves += [input.data if isinstance(input, PackedSequence) else input]
+    grads = torch.autograd.grad(loss, leaves + list(module.parameters()))
+    return output, h_n, grads
+
+
+def as_reference(x):
+    """A float64 leaf copy of a tensor or of a PackedSequence's data."""
+    if isinstance(x, PackedSequence):
+        return PackedSequence(as_reference(x.data), x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+    # Contiguous: nn.RNN on cuDNN refuses a strided hx.
+    return None if x is None else x.detach().double().contiguous().requires_grad_()
+
+
+def check_parity(ours, reference, input, hx, dtype):
+    """`ours` (of `dtype`) against the float64 nn.RNN `reference`."""
+    out1, h1, g1 = run(ours, input, hx)
+    out2, h2, g2 = run(reference, as_reference(input), as_reference(hx))
+    if isinstance(out2, PackedSequence):
+        for field in ("batch_sizes", "sorted_indices", "unsorted_indices"):
+            a, b = getattr(out1, field), getattr(out2, field)
+            assert (a is None and b is None) or torch.equal(a, b), field
+        out1, out2 = out1.data, out2.data
+    assert out1.shape == out2.shape and out1.dtype == dtype
+    assert h1.shape == h2.shape and h1.dtype == dtype
+    assert_close(out1, out2, dtype, "output")
+    assert_close(h1, h2, dtype, "h_n")
+    names = (["hx"] if hx is not None else []) + ["input"] + [n for n, _ in ours.named_parameters()]
+    for name, a, b in zip(names, g1, g2, strict=True):
+        assert a.shape == b.shape and a.dtype == dtype
+        assert_close(a, b, dtype, f"grad {name}")
+
+
+def make_input(T, B, I, batch_first, dtype, device):
+    shape = (B, T, I) if batch_first else (T, B, I)
+    return torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+
+
+OPTIONS = list(itertools.product([1, 3], [True, False], [False, True], [False, True], ["tanh", "relu"]))
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", TESTED_DTYPES)
+@pytest.mark.parametrize("num_layers,bias,batch_first,bidirectional,nonlinearity", OPTIONS)
+def test_options(device, dtype, num_layers, bias, batch_first, bidirectional, nonlinearity):
+    ours, reference = twins(
+        device, dtype, num_layers=num_layers, bias=bias, batch_first=batch_first,
+        bidirectional=bidirectional, nonlinearity=nonlinearity,
+    )
+    D = 2 if bidirectional else 1
+    x = make_input(6, 3, 4, batch_first, dtype, device)
+    hx = torch.randn(num_layers * D, 3, 7, dtype=dtype, device=device, requires_grad=True)
+    check_parity(ours, reference, x, hx, dtype)
+    check_parity(ours, reference, x, None, dtype)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", TESTED_DTYPES)
+@pytest.mark.parametrize("T,B,H", [(1, 1, 1), (5, 2, 7), (4, 3, 33), (3, 2, 129), (1, 4, 33), (7, 1, 7)])
+def test_sizes(device, dtype, T, B, H):
+    ours, reference = twins(device, dtype, input_size=5, hidden_size=H, num_layers=2, bidirectional=True)
+    check_parity(ours, reference, make_input(T, B, 5, False, dtype, device), None, dtype)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reduced_precision(device, dtype):
+    ours, reference = twins(device, dtype, input_size=8, hidden_size=33, num_layers=2, bidirectional=True)
+    check_parity(ours, reference, make_input(32, 4, 8, False, dtype, device), None, dtype)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_non_contiguous(device, batch_first):
+    dtype = torch.float64
+    ours, reference = twins(device, dtype, num_layers=2, batch_first=batch_first, bidirectional=True)
+    T, B = 5, 3
+    # A slice of a larger buffer, and a view with batch and time swapped.
+    buffer = torch.randn(T + 3, 2 * B, 11, dtype=dtype, device=device)
+    sliced = buffer[2 : T + 2, ::2, 3:7]
+    swapped = torch.randn(B, T, 4, dtype=dtype, device=device).transpose(0, 1)
+    hx = torch.randn(B, 4, 2 * 7, dtype=dtype, device=device)[:, :, ::2].transpose(0, 1)
+    if batch_first:  # B x T x 4: the same slice, and time-major memory
+        sliced = sliced.transpose(0, 1)
+        swapped = torch.randn(T, B, 4, dtype=dtype, device=device).transpose(0, 1)
+    for x in (sliced, swapped):
+        x = x.detach().requires_grad_()
+        h = hx.detach().requires_grad_()
+        assert not x.is_contiguous() and not h.is_contiguous()
+        check_parity(ours, reference, x, h, dtype)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_unbatched(device, batch_first):
+    dtype = torch.float64
+    ours, reference = twins(device, dtype, num_layers=2, batch_first=batch_first, bidirectional=True)
+    x = torch.randn(5, 4, dtype=dtype, device=device, requires_grad=True)
+    hx = torch.randn(4, 7, dtype=dtype, device=device, requires_grad=True)
+    check_parity(ours, reference, x, hx, dtype)
+    output, h_n = ours(x)
+    assert output.shape == (5, 14) and h_n.shape == (4, 7)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", TESTED_DTYPES)
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_packed(device, dtype, enforce_sorted, bidirectional):
+    ours, reference = twins(device, dtype, num_layers=2, bidirectional=bidirectional)
+    lengths = torch.tensor([6, 4, 4, 1]) if enforce_sorted else torch.tensor([3, 6, 1, 4])
+    x = torch.randn(6, 4, 4, dtype=dtype, device=device, requires_grad=True)
+    hx = torch.randn(2 * (1 + bidirectional), 4, 7, dtype=dtype, device=device, requires_grad=True)
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    check_parity(ours, reference, packed, hx, dtype)
+    check_parity(ours, reference, packed, None, dtype)
+    # Round trip as users write it: padded output in the original batch order.
+    padded, out_lengths = pad_packed_sequence(ours(packed)[0])
+    assert torch.equal(out_lengths, lengths) and padded.shape == (6, 4, 7 * (1 + bidirectional))
+
+
+@pytest.mark.parametrize("device", devices)
+def test_dropout_eval_is_exact(device):
+    """In eval mode dropout is off: the same as nn.RNN without dropout (in
+    training mode, as cuDNN's RNN backward requires)."""
+    ours, reference = twins(device, torch.float64, num_layers=3, dropout=0.5, bidirectional=True)
+    ours.eval()
+    reference.dropout = 0.0
+    x = make_input(5, 3, 4, False, torch.float64, device)
+    check_parity(ours, reference, x, None, torch.float64)
+
+
+@pytest.mark.parametrize("device", devices)
+def test_dropout_train(device):
+    """Layer 1 is set to relu(I @ x) so its output shows the dropout applied to
+    layer 0's (positive) output: each element is either zeroed or scaled by
+    1/(1-p); about p of them are zeroed; the last layer's output is not dropped."""
+    p, H, T, B = 0.5, 64, 20, 8
+    rnn = torch_prnn.PersistentRNN(3, H, num_layers=2, nonlinearity="relu", dropout=p, device=device)
+    with torch.no_grad():
+        for name, param in rnn.named_parameters():
+            param.uniform_(0.1, 1.0) if name.endswith("l0") else param.zero_()
+        rnn.weight_hh_l0.mul_(0.5 / H)  # row sums < 1: a bounded positive recurrence
+        rnn.weight_ih_l1.copy_(torch.eye(H))
+    x = torch.rand(T, B, 3, device=device)
+    expected = rnn.eval()(x)[0]  # = layer 0's output, all positive
+    assert (expected > 0).all()
+    output = rnn.train()(x)[0]
+    zeroed = output == 0
+    assert torch.allclose(output[~zeroed], expected[~zeroed] / (1 - p), rtol=1e-5)
+    # T*B*H = 10240 Bernoulli(0.5) draws: the fraction's standard deviation is 0.005.
+    assert abs(zeroed.double().mean().item() - p) < 0.05
+    assert not torch.equal(rnn(x)[0], output)  # a fresh mask per call
+
+
+@pytest.mark.parametrize("device", devices)
+def test_zero_batch(device):
+    ours, reference = twins(device, torch.float64, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 0, 4, dtype=torch.float64, device=device, requires_grad=True)
+    (o1, h1), (o2, h2) = ours(x), reference(x)
+    assert o1.shape == o2.shape == (5, 0, 14) and h1.shape == h2.shape == (4, 0, 7)
+    grads = torch.autograd.grad(o1.sum() + h1.sum(), [x] + list(ours.parameters()))
+    assert grads[0].shape == x.shape and all((g == 0).all() for g in grads[1:])
+
+
+def test_gradcheck_module():
+    rnn = torch_prnn.PersistentRNN(3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+    x = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    hx = torch.randn(4, 2, 4, dtype=torch.float64, requires_grad=True)
+    w = rnn.weight_hh_l1_reverse
+    params = dict(rnn.named_parameters())
+
+    def f(x, hx, w):
+        return torch.func.functional_call(rnn, {**params, "weight_hh_l1_reverse": w}, (x, hx))
+
+    assert torch.autograd.gradcheck(f, (x, hx, w))
+    lengths = torch.tensor([4, 2])
+    packed = lambda x, hx, w: f(pack_padded_sequence(x, lengths), hx, w)[0].data  # noqa: E731
+    assert torch.autograd.gradcheck(packed, (x, hx, w))
+
+
+def test_autocast_cpu():
+    ours, reference = twins("cpu", torch.float32, num_layers=2)
+    theirs = reference.float()
+    x = torch.randn(6, 3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (o1, h1), (o2, h2) = ours(x), theirs(x)
+    assert o1.dtype == o2.dtype == torch.bfloat16 and h1.dtype == h2.dtype == torch.bfloat16
+    assert_close(o1, ours(x)[0], torch.bfloat16)
+
+
+# ---- the nn.RNN interface -------------------------------------------------
+
+
+def test_same_parameters_and_init_as_nn_rnn():
+    kwargs = dict(input_size=3, hidden_size=5, num_layers=2, bidirectional=True)
+    torch.manual_seed(7)
+    ours = torch_prnn.PersistentRNN(**kwargs)
+    torch.manual_seed(7)
+    theirs = torch.nn.RNN(**kwargs)
+    names = [n for n, _ in theirs.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    for (_, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+        assert torch.equal(a, b)
+    theirs.load_state_dict(ours.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    assert [[p.shape for p in ps] for ps in ours.all_weights] == [
+        [p.shape for p in ps] for ps in theirs.all_weights
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        dict(num_layers=2, nonlinearity="relu", bias=False, batch_first=True, dropout=0.25, bidirectional=True),
+    ],
+)
+def test_repr_and_from_rnn(kwargs):
+    theirs = torch.nn.RNN(3, 5, **kwargs).double().eval()
+    ours = torch_prnn.PersistentRNN.from_rnn(theirs)
+    assert repr(ours) == repr(theirs).replace("RNN(", "PersistentRNN(", 1)
+    assert ours.nonlinearity == theirs.nonlinearity and not ours.training
+    assert ours.weight_hh_l0.dtype == torch.float64
+    x = torch.randn(4, 2, 3, dtype=torch.float64)
+    assert_close(ours(x)[0], theirs(x)[0], torch.float64)
+    ours.flatten_parameters()  # accepted, like nn.RNN's
+    with pytest.raises(TypeError, match="from_rnn expects a torch.nn.RNN, got LSTM"):
+        torch_prnn.PersistentRNN.from_rnn(torch.nn.LSTM(3, 5))
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((3, 5), dict(nonlinearity="sigmoid")),
+        ((3, 5), dict(dropout=1.5)),
+        ((3, 5), dict(dropout=True)),
+        ((3, 5), dict(bias=1)),
+        ((3, 5), dict(batch_first="yes")),
+        ((3.0, 5), {}),
+        ((0, 5), {}),
+        ((3, 5.0), {}),
+        ((3, 0), {}),
+        ((3, 5, 0), {}),
+    ],
+)
+def test_constructor_errors_match_nn_rnn(args, kwargs):
+    with pytest.raises(Exception) as theirs:
+        torch.nn.RNN(*args, **kwargs)
+    with pytest.raises(type(theirs.value), match=f"^{re.escape(str(theirs.value))}$"):
+        torch_prnn.PersistentRNN(*args, **kwargs)
+
+
+def test_dropout_warning_matches_nn_rnn():
+    with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1"):
+        torch_prnn.PersistentRNN(3, 5, dropout=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch_prnn.PersistentRNN(3, 5, num_layers=2, dropout=0.5)
+
+
+BAD_CALLS = [
+    ("wrong dtype", lambda: (torch.randn(5, 3, 4, dtype=torch.float64), None)),
+    ("wrong rank", lambda: (torch.randn(5, 3, 4, 1), None)),
+    ("wrong input_size", lambda: (torch.randn(5, 3, 6), None)),
+    ("hx shape", lambda: (torch.randn(5, 3, 4), torch.randn(4, 2, 7))),
+    ("hx rank, batched", lambda: (torch.randn(5, 3, 4), torch.randn(4, 7))),
+    ("hx rank, unbatched", lambda: (torch.randn(5, 4), torch.randn(4, 1, 7))),
+    ("empty sequence", lambda: (torch.randn(0, 3, 4), None)),
+    ("empty unbatched sequence", lambda: (torch.randn(0, 4), None)),
+]
+
+
+@pytest.mark.parametrize("name,make", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_calls_match_nn_rnn(name, make):
+    ours, reference = twins("cpu", torch.float32, num_layers=2, bidirectional=True)
+    theirs = reference.float()  # the same dtype: it is in one of the messages
+    input, hx = make()
+    with pytest.raises(Exception) as expected:
+        theirs(input, hx)
+    with pytest.raises(type(expected.value), match=f"^{re.escape(str(expected.value))}$"):
+        ours(input, hx)
+    x = torch.randn(5, 3, 4)
+    assert_close(ours(x)[0], theirs(x)[0], torch.float32)  # still works
+
+
+def test_mismatched_hx():
+    ours, _ = twins("cpu", torch.float32)
+    x = torch.randn(5, 3, 4)
+    with pytest.raises(RuntimeError, match=r"prnn::forward: h0 must have the dtype of xp \(Float\), got Double"):
+        ours(x, torch.zeros(1, 3, 7, dtype=torch.float64))
+    assert ours(x, torch.zeros(1, 3, 7))[0].shape == (5, 3, 7)

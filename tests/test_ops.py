@@ -1,0 +1,221 @@
+"""prnn::forward / prnn::backward / prnn::plan: values against a float64
+loop, layouts, registrations (opcheck, gradcheck), errors, empty sizes."""
+
+import pytest
+import torch
+
+import torch_prnn
+from conftest import assert_close, devices, make_op_inputs, reference_forward
+
+forward, backward = torch.ops.prnn.forward, torch.ops.prnn.backward
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def random_lengths(T, B):
+    lengths = torch.randint(0, T + 1, (B,))
+    lengths[0] = T
+    return lengths
+
+
+def check_against_reference(xp, h0, w, lengths, nonlinearity, dtype):
+    """Forward values and the gradients of a random loss of y (grad_y is
+    random, so every delta_t matters) against autograd through the loop."""
+    y = forward(xp, h0, w, lengths, nonlinearity)
+    assert y.dtype == dtype and y.shape == xp.shape and y.is_contiguous()
+    leaves = [t.detach().double().requires_grad_() for t in (xp, h0, w)]
+    y_ref = reference_forward(*leaves, lengths, nonlinearity)
+    assert_close(y, y_ref, dtype, "y")
+    grad_y = torch.randn_like(y_ref)
+    grads = torch.autograd.grad(y, (xp, h0, w), grad_y.to(dtype))
+    grads_ref = torch.autograd.grad(y_ref, leaves, grad_y)
+    for name, g, g_ref in zip(("xp", "h0", "w_hh"), grads, grads_ref):
+        assert g.dtype == dtype
+        assert_close(g, g_ref, dtype, f"grad {name}")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("T,B,H", [(1, 1, 1), (6, 3, 7), (5, 2, 33), (3, 4, 129), (1, 5, 8)])
+def test_matches_reference(device, dtype, nonlinearity, with_lengths, T, B, H):
+    xp, h0, w = make_op_inputs(T, B, H, dtype, device, requires_grad=True)
+    lengths = random_lengths(T, B) if with_lengths else None
+    check_against_reference(xp, h0, w, lengths, nonlinearity, dtype)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_reduced_precision(device, dtype, with_lengths):
+    xp, h0, w = make_op_inputs(32, 4, 33, dtype, device, requires_grad=True)
+    lengths = random_lengths(32, 4) if with_lengths else None
+    check_against_reference(xp, h0, w, lengths, "tanh", dtype)
+
+
+@pytest.mark.parametrize("device", devices)
+def test_strided_inputs(device):
+    """Slices of larger buffers, transposed views, and an expanded grad_y."""
+    T, B, H = 5, 3, 9
+    xp_buf = torch.randn(B, T + 2, 2 * H, dtype=torch.float64, device=device)
+    xp = xp_buf[:, 1 : T + 1, :H].transpose(0, 1)  # T x B x H, strides (2H, (T+2)2H, 1)
+    h0 = torch.randn(2 * B, H + 3, dtype=torch.float64, device=device)[::2, 3:]
+    w_buf = torch.randn(H, 2 * H, dtype=torch.float64, device=device) * H**-0.5
+    w_t = w_buf[:, :H].t()  # last stride 2H
+    w_rows = w_buf[:, H:]  # row stride 2H
+    for w in (w_t, w_rows):
+        args = [t.requires_grad_() for t in (xp.detach(), h0.detach(), w.detach())]
+        assert not any(t.is_contiguous() for t in args)
+        check_against_reference(*args, None, "tanh", torch.float64)
+    # grad_y of y.sum() is a stride-0 expansion.
+    xp, h0, w = make_op_inputs(T, B, H, device=device, requires_grad=True)
+    grads = torch.autograd.grad(forward(xp, h0, w, None, "tanh").sum(), (xp, h0, w))
+    grads_ref = torch.autograd.grad(reference_forward(xp, h0, w).sum(), (xp, h0, w))
+    for g, g_ref in zip(grads, grads_ref):
+        assert_close(g, g_ref, torch.float64)
+
+
+def test_lengths_semantics():
+    """Past its length a sequence's outputs and deltas are zero; length 0
+    leaves h0 untouched and sends no gradient to it through the op."""
+    xp, h0, w = make_op_inputs(4, 3, 5, requires_grad=True)
+    lengths = torch.tensor([4, 2, 0])
+    y = forward(xp, h0, w, lengths, "tanh")
+    assert (y[2:, 1] == 0).all() and (y[:, 2] == 0).all() and (y[:2, 1] != 0).all()
+    grad_xp, grad_h0, _ = torch.autograd.grad(y, (xp, h0, w), torch.ones_like(y))
+    assert (grad_xp[2:, 1] == 0).all() and (grad_xp[:, 2] == 0).all()
+    assert (grad_h0[2] == 0).all() and (grad_h0[:2] != 0).all()
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_opcheck(device, with_lengths):
+    lengths = random_lengths(4, 3) if with_lengths else None
+    xp, h0, w = make_op_inputs(4, 3, 5, torch.float32, device, requires_grad=True)
+    torch.library.opcheck(forward, (xp, h0, w, lengths, "relu"))
+    y = forward(xp, h0, w, lengths, "relu").detach()
+    # Inputs without grad: prnn::backward is not differentiable (see test_double_backward).
+    torch.library.opcheck(
+        backward, (torch.randn_like(y), y, h0.detach(), w.detach(), lengths, "relu")
+    )
+
+
+@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_gradcheck(with_lengths, nonlinearity):
+    xp, h0, w = make_op_inputs(4, 3, 5, requires_grad=True)
+    lengths = torch.tensor([4, 1, 3]) if with_lengths else None
+    assert torch.autograd.gradcheck(
+        lambda *a: forward(*a, lengths, nonlinearity), (xp, h0, w)
+    )
+
+
+def test_double_backward_raises():
+    xp, h0, w = make_op_inputs(3, 2, 4, requires_grad=True)
+    (grad_xp,) = torch.autograd.grad(forward(xp, h0, w, None, "tanh").sum(), xp, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        grad_xp.sum().backward()
+
+
+@pytest.mark.parametrize("device", devices)
+def test_empty(device):
+    xp, h0, w = make_op_inputs(3, 2, 4, device=device, requires_grad=True)
+    # T == 0: empty y; the gradients of h0 and w_hh are zeros.
+    y = forward(xp[:0], h0, w, None, "tanh")
+    assert y.shape == (0, 2, 4)
+    grads = torch.autograd.grad(y, (xp, h0, w), torch.ones_like(y))
+    assert grads[0].shape == (3, 2, 4) and all((g == 0).all() for g in grads)
+    # B == 0: empty y and grad_h0; a zero w_hh gradient.
+    y = forward(xp[:, :0], h0[:0], w, torch.zeros(0, dtype=torch.long), "tanh")
+    assert y.shape == (3, 0, 4)
+    grad_w = torch.autograd.grad(y, w, torch.ones_like(y))[0]
+    assert grad_w.shape == (4, 4) and (grad_w == 0).all()
+
+
+# (what to change in the good arguments, the expected error, its message)
+BAD_FORWARD_ARGS = [
+    ({"xp": lambda a: a[0]}, RuntimeError, r"prnn::forward: xp must be 3-D \[steps, batch, hidden\], got 2-D"),
+    ({"h0": lambda a: a[0]}, RuntimeError, r"prnn::forward: h0 must be 2-D \[batch, hidden\], got 1-D"),
+    ({"w_hh": lambda a: a[0]}, RuntimeError, r"prnn::forward: w_hh must be 2-D"),
+    ({"h0": lambda a: a[:2]}, RuntimeError, r"prnn::forward: h0 must have shape \[batch=3, hidden=5\], got \[2, 5\]"),
+    ({"w_hh": lambda a: a[:, :4]}, RuntimeError, r"prnn::forward: w_hh must have shape \[hidden=5, hidden=5\], got \[5, 4\]"),
+    ({"xp": lambda a: a.long()}, RuntimeError, r"prnn::forward: xp must be float32, float64, float16 or bfloat16, got Long"),
+    ({"h0": lambda a: a.double()}, RuntimeError, r"prnn::forward: h0 must have the dtype of xp \(Float\), got Double"),
+    ({"w_hh": lambda a: a.half()}, RuntimeError, r"prnn::forward: w_hh must have the dtype of xp \(Float\), got Half"),
+    # A CUDA argument sends the call to the CUDA impl, which must notice the CPU ones.
+    pytest.param({"h0": lambda a: a.cuda()}, RuntimeError, r"prnn::forward: h0 must be on the device of xp \(cpu\), got cuda:0", marks=needs_cuda),
+    ({"lengths": lambda a: torch.tensor([4, 5, 1])}, RuntimeError, r"prnn::forward: lengths must be in \[0, steps=4\], got values in \[1, 5\]"),
+    ({"lengths": lambda a: torch.tensor([4, -1, 1])}, RuntimeError, r"prnn::forward: lengths must be in \[0, steps=4\], got values in \[-1, 4\]"),
+    ({"lengths": lambda a: torch.tensor([4, 2, 1], dtype=torch.int32)}, RuntimeError, r"prnn::forward: lengths must be int64, got Int"),
+    ({"lengths": lambda a: torch.tensor([4, 2])}, RuntimeError, r"prnn::forward: lengths must have shape \[batch=3\], got \[2\]"),
+    pytest.param({"lengths": lambda a: torch.tensor([4, 2, 1], device="cuda")}, RuntimeError, r"prnn::forward: lengths must be a CPU tensor .*, got one on cuda:0", marks=needs_cuda),
+    ({"nonlinearity": lambda a: "sigmoid"}, ValueError, r"prnn::forward: nonlinearity must be 'tanh' or 'relu', got 'sigmoid'"),
+]
+
+
+@pytest.mark.parametrize("change,error,message", BAD_FORWARD_ARGS)
+def test_bad_forward_args(change, error, message):
+    good = dict(zip(("xp", "h0", "w_hh"), make_op_inputs(4, 3, 5, torch.float32)))
+    good.update(lengths=torch.tensor([4, 2, 1]), nonlinearity="tanh")
+    bad = {k: change[k](v) if k in change else v for k, v in good.items()}
+    with pytest.raises(error, match=message):
+        forward(*bad.values())
+    y = forward(*good.values())  # still works
+    assert_close(y, reference_forward(*list(good.values())[:4]), torch.float32)
+
+
+def test_bad_backward_args():
+    xp, h0, w = make_op_inputs(4, 3, 5, torch.float32)
+    y = forward(xp, h0, w, None, "tanh")
+    with pytest.raises(RuntimeError, match=r"prnn::backward: grad_y must have the shape of y \[4, 3, 5\], got \[4, 3, 4\]"):
+        backward(y[..., :4], y, h0, w, None, "tanh")
+    with pytest.raises(RuntimeError, match=r"prnn::backward: grad_y must have the dtype of y \(Float\), got Double"):
+        backward(y.double(), y, h0, w, None, "tanh")
+    with pytest.raises(RuntimeError, match=r"prnn::backward: h0 must have shape \[batch=3, hidden=5\]"):
+        backward(y, y, h0[:1], w, None, "tanh")
+    with pytest.raises(ValueError, match=r"prnn::backward: nonlinearity must be 'tanh' or 'relu'"):
+        backward(y, y, h0, w, None, "TANH")
+    grads = backward(torch.ones_like(y), y, h0, w, None, "tanh")
+    assert [g.shape for g in grads] == [y.shape, h0.shape, w.shape]
+
+
+def test_plan_cpu():
+    plan = torch_prnn.plan(33, batch=4, steps=10)
+    assert plan == {
+        "tier": "cpu_reference",
+        "workspace_bytes": 2 * 4 * 33 * 4,  # state and matrix-vector product, float32
+        "grid": 1,
+        "block": 1,
+        "rows_per_cta": 33,
+        "smem_bytes": 0,
+    }
+    # float16 / bfloat16 run in float32 on the CPU; float64 in float64.
+    assert torch_prnn.plan(33, batch=4, dtype=torch.bfloat16, backward=True, lengths=True) == plan
+    assert torch_prnn.plan(33, batch=4, dtype=torch.float64)["workspace_bytes"] == 2 * 4 * 33 * 8
+    # Valid but beyond every tier: an answer, not an error.
+    assert torch_prnn.plan(2**31)["tier"] == "none"
+
+
+def test_plan_errors():
+    with pytest.raises(ValueError, match="prnn::plan: nonlinearity must be 'tanh' or 'relu', got 'gelu'"):
+        torch_prnn.plan(8, nonlinearity="gelu")
+    with pytest.raises(RuntimeError, match="prnn::plan: dtype must be float32, float64, float16 or bfloat16, got Int"):
+        torch_prnn.plan(8, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="prnn::plan: PRNN_STATUS_BAD_PARAM: hidden must be >= 1, got 0"):
+        torch_prnn.plan(0)
+    with pytest.raises(RuntimeError, match="prnn::plan: no plan for device meta: expected cpu or cuda"):
+        torch_prnn.plan(8, device="meta")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only build")
+def test_no_cuda_build():
+    with pytest.raises(RuntimeError, match="no plan for device cuda: torch_prnn was built without CUDA"):
+        torch_prnn.plan(8, device="cuda")
+
+
+@needs_cuda
+def test_plan_cuda():
+    plan = torch_prnn.plan(256, batch=4, steps=64, dtype=torch.bfloat16, device="cuda")
+    assert plan["tier"] in ("persistent_registers", "persistent_shared", "stepwise")
+    assert plan["grid"] >= 1 and plan["block"] >= 1
+    assert torch_prnn.plan(256, device=torch.device("cuda", 0)) == torch_prnn.plan(256, device="cuda")

@@ -1,0 +1,99 @@
+"""Python side of the prnn:: ops (defined in csrc/ops): fake kernels for
+torch.compile / export, autograd, autocast, and the plan query."""
+
+import torch
+from torch import Tensor
+
+_TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise")
+
+
+@torch.library.register_fake("prnn::forward")
+def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
+    return xp.new_empty(xp.shape)  # contiguous, like the real y
+
+
+@torch.library.register_fake("prnn::backward")
+def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity):
+    return y.new_empty(y.shape), h0.new_empty(h0.shape), w_hh.new_empty(w_hh.shape)
+
+
+def _forward_setup_context(ctx, inputs, output):
+    _, h0, w_hh, lengths, nonlinearity = inputs
+    ctx.save_for_backward(h0, w_hh, lengths, output)
+    ctx.nonlinearity = nonlinearity
+
+
+def _forward_backward(ctx, grad_y):
+    h0, w_hh, lengths, y = ctx.saved_tensors
+    grad_xp, grad_h0, grad_w_hh = torch.ops.prnn.backward(
+        grad_y, y, h0, w_hh, lengths, ctx.nonlinearity
+    )
+    return grad_xp, grad_h0, grad_w_hh, None, None
+
+
+def _backward_backward(ctx, *grads):
+    # Registered so that the gradient of a gradient fails with this message
+    # instead of silently treating prnn::backward as a constant.
+    raise RuntimeError(
+        "prnn::backward: double backward (a gradient of a gradient) through "
+        "torch_prnn's RNN is not supported"
+    )
+
+
+torch.library.register_autograd(
+    "prnn::forward", _forward_backward, setup_context=_forward_setup_context
+)
+torch.library.register_autograd("prnn::backward", _backward_backward)
+
+
+# Autocast: run the op in the active autocast dtype, as nn.RNN does.
+# torch.library.register_autocast casts to one fixed dtype, which would turn
+# bfloat16 autocast into float16, so the rule is registered directly.
+_lib = torch.library.Library("prnn", "IMPL")
+
+
+def _register_autocast(device_type: str) -> None:
+    def forward_autocast(xp, h0, w_hh, lengths, nonlinearity):
+        dtype = torch.get_autocast_dtype(device_type)
+
+        def cast(t: Tensor) -> Tensor:
+            # Autocast's rule: floating tensors of this device, float64 excepted.
+            eligible = t.is_floating_point() and t.dtype != torch.float64
+            return t.to(dtype) if eligible and t.device.type == device_type else t
+
+        with torch.autocast(device_type, enabled=False):
+            return torch.ops.prnn.forward(cast(xp), cast(h0), cast(w_hh), lengths, nonlinearity)
+
+    _lib.impl("forward", forward_autocast, "Autocast" + device_type.upper())
+
+
+for _device_type in ("cpu", "cuda"):
+    if torch.amp.is_autocast_available(_device_type):
+        _register_autocast(_device_type)
+
+
+def plan(
+    hidden_size: int,
+    batch: int = 1,
+    steps: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    nonlinearity: str = "tanh",
+    backward: bool = False,
+    lengths: bool = False,
+) -> dict:
+    """How one layer of this size runs: which tier (``"none"`` when no tier of
+    this build runs it), the workspace it needs, and its launch shape
+    (grid, block, rows_per_cta, smem_bytes; 1, 1, hidden, 0 on the CPU).
+    ``backward=True`` asks about the backward-data pass."""
+    tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes = torch.ops.prnn.plan(
+        steps, batch, hidden_size, dtype, torch.device(device), nonlinearity, backward, lengths
+    )
+    return {
+        "tier": _TIERS[tier],
+        "workspace_bytes": workspace_bytes,
+        "grid": grid,
+        "block": block,
+        "rows_per_cta": rows_per_cta,
+        "smem_bytes": smem_bytes,
+    }

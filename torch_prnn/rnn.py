@@ -1,0 +1,294 @@
+"""PersistentRNN: a drop-in replacement for torch.nn.RNN on the prnn:: ops."""
+
+import math
+import numbers
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+
+class PersistentRNN(nn.Module):
+    """Elman RNN with the interface, parameters and numbers of
+    :class:`torch.nn.RNN`; each layer's recurrence runs as one persistent
+    kernel (``torch.ops.prnn.forward``) instead of one GEMM per step.
+
+    Parameters have nn.RNN's names, shapes, order and initialisation, so state
+    dicts load both ways; :meth:`from_rnn` converts a module. ``forward``
+    takes batched, unbatched and packed input and returns ``(output, h_n)``
+    as nn.RNN does.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        nonlinearity: str = "tanh",
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        # nn.RNN's checks, in its order and with its messages.
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(
+                f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'."
+            )
+        if (
+            not isinstance(dropout, numbers.Number)
+            or not 0 <= dropout <= 1
+            or isinstance(dropout, bool)
+        ):
+            raise ValueError(
+                "dropout should be a number in range [0, 1] representing the "
+                "probability of an element being zeroed"
+            )
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                "dropout option adds dropout after all but last recurrent layer, so "
+                "non-zero dropout expects num_layers greater than 1, but got "
+                f"dropout={dropout} and num_layers={num_layers}",
+                stacklevel=2,
+            )
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias should be of type bool, got: {type(bias).__name__}")
+        if not isinstance(batch_first, bool):
+            raise TypeError(
+                f"batch_first should be of type bool, got: {type(batch_first).__name__}"
+            )
+        if not isinstance(input_size, int):
+            raise TypeError(f"input_size should be of type int, got: {type(input_size).__name__}")
+        if input_size <= 0:
+            raise ValueError("input_size must be greater than zero")
+        if not isinstance(hidden_size, int):
+            raise TypeError(
+                f"hidden_size should be of type int, got: {type(hidden_size).__name__}"
+            )
+        if hidden_size <= 0:
+            raise ValueError("hidden_size must be greater than zero")
+        if num_layers <= 0:
+            raise ValueError("num_layers must be greater than zero")
+
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.nonlinearity = nonlinearity
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+
+        factory_kwargs = {"device": device, "dtype": dtype}
+        num_directions = 2 if bidirectional else 1
+        self._all_weights: list[list[str]] = []  # parameter names per (layer, direction)
+        for layer in range(num_layers):
+            for direction in range(num_directions):
+                layer_input_size = input_size if layer == 0 else hidden_size * num_directions
+                shapes = {
+                    "weight_ih": (hidden_size, layer_input_size),
+                    "weight_hh": (hidden_size, hidden_size),
+                }
+                if bias:
+                    shapes.update(bias_ih=(hidden_size,), bias_hh=(hidden_size,))
+                suffix = "_reverse" if direction == 1 else ""
+                names = []
+                for kind, shape in shapes.items():
+                    name = f"{kind}_l{layer}{suffix}"
+                    setattr(self, name, nn.Parameter(torch.empty(shape, **factory_kwargs)))
+                    names.append(name)
+                self._all_weights.append(names)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.RNN's init, parameter by parameter in the same order: the same seed
+        # gives the same weights as nn.RNN.
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -stdv, stdv)
+
+    @classmethod
+    def from_rnn(cls, rnn: nn.RNN) -> "PersistentRNN":
+        """A PersistentRNN with ``rnn``'s configuration, a copy of its
+        weights (same device and dtype), and its training mode."""
+        if not isinstance(rnn, nn.RNN):
+            raise TypeError(f"from_rnn expects a torch.nn.RNN, got {type(rnn).__name__}")
+        weight = rnn.weight_ih_l0
+        module = cls(
+            rnn.input_size,
+            rnn.hidden_size,
+            rnn.num_layers,
+            rnn.nonlinearity,
+            rnn.bias,
+            rnn.batch_first,
+            rnn.dropout,
+            rnn.bidirectional,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        module.load_state_dict(rnn.state_dict())
+        return module.train(rnn.training)
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
+    def flatten_parameters(self) -> None:
+        """No-op: the kernels take each layer's weights where they are."""
+
+    def extra_repr(self) -> str:
+        s = "{input_size}, {hidden_size}"
+        if self.num_layers != 1:
+            s += ", num_layers={num_layers}"
+        if self.bias is not True:
+            s += ", bias={bias}"
+        if self.batch_first is not False:
+            s += ", batch_first={batch_first}"
+        if self.dropout != 0:
+            s += ", dropout={dropout}"
+        if self.bidirectional is not False:
+            s += ", bidirectional={bidirectional}"
+        return s.format(**self.__dict__)
+
+    def forward(self, input, hx: Tensor | None = None):
+        num_directions = 2 if self.bidirectional else 1
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            self._check_input(data, expected_dim=2)
+            x, lengths, rows = _pad(data, batch_sizes)
+            if hx is not None and sorted_indices is not None:
+                # hx is in the caller's batch order; the padded batch is sorted.
+                hx = hx.index_select(1, sorted_indices)
+        else:
+            if input.dim() not in (2, 3):
+                raise ValueError(
+                    f"RNN: Expected input to be 2D or 3D, got {input.dim()}D tensor instead"
+                )
+            is_batched = input.dim() == 3
+            batch_dim = 0 if self.batch_first else 1
+            if not is_batched:
+                input = input.unsqueeze(batch_dim)
+                if hx is not None:
+                    if hx.dim() != 2:
+                        raise RuntimeError(
+                            "For unbatched 2-D input, hx should also be 2-D but got "
+                            f"{hx.dim()}-D tensor"
+                        )
+                    hx = hx.unsqueeze(1)
+            elif hx is not None and hx.dim() != 3:
+                raise RuntimeError(
+                    f"For batched 3-D input, hx should also be 3-D but got {hx.dim()}-D tensor"
+                )
+            self._check_input(input, expected_dim=3)
+            x = input.transpose(0, 1) if self.batch_first else input  # steps x batch x features
+            lengths = None
+
+        steps, batch = x.shape[0], x.shape[1]
+        expected_hidden = (self.num_layers * num_directions, batch, self.hidden_size)
+        if hx is None:
+            hx = x.new_zeros(expected_hidden)
+        elif hx.shape != expected_hidden:
+            raise RuntimeError(f"Expected hidden size {expected_hidden}, got {list(hx.shape)}")
+        if steps == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+
+        flip, last = _time_indices(lengths, steps, x.device)
+        h_n = []
+        layer_input = x
+        for layer in range(self.num_layers):
+            if layer > 0 and self.dropout > 0 and self.training:
+                layer_input = F.dropout(layer_input, self.dropout, training=True)
+            outputs = []
+            for direction in range(num_directions):
+                index = layer * num_directions + direction
+                y, h = self._layer(
+                    layer_input, hx[index], index, direction == 1, lengths, flip, last
+                )
+                outputs.append(y)
+                h_n.append(h)
+            layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
+        output, h_n = layer_input, torch.stack(h_n)
+
+        if packed:
+            output = PackedSequence(
+                output.flatten(0, 1).index_select(0, rows),
+                batch_sizes,
+                sorted_indices,
+                unsorted_indices,
+            )
+            if unsorted_indices is not None:
+                h_n = h_n.index_select(1, unsorted_indices)
+            return output, h_n
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        if not is_batched:
+            output, h_n = output.squeeze(batch_dim), h_n.squeeze(1)
+        return output, h_n
+
+    def _check_input(self, input: Tensor, expected_dim: int) -> None:
+        weight = self.weight_ih_l0
+        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
+            raise ValueError(
+                f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
+                f"Convert input: input.to({weight.dtype}), or convert model: "
+                f"model.to({input.dtype})"
+            )
+        if input.dim() != expected_dim:
+            raise RuntimeError(f"input must have {expected_dim} dimensions, got {input.dim()}")
+        if self.input_size != input.size(-1):
+            raise RuntimeError(
+                "input.size(-1) must be equal to input_size. Expected "
+                f"{self.input_size}, got {input.size(-1)}"
+            )
+
+    def _layer(self, x, h0, index, reverse, lengths, flip, last):
+        """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
+        w_ih, w_hh, *biases = self.all_weights[index]
+        # All steps' input projections in one GEMM; both biases folded in.
+        xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
+        if reverse:
+            xp = _flip(xp, flip)
+        y = torch.ops.prnn.forward(xp, h0, w_hh, lengths, self.nonlinearity)
+        # The state after each sequence's last step (in processing order).
+        if last is None:
+            h_n = y[-1]
+        else:
+            h_n = y.gather(0, last.expand(1, -1, y.shape[2])).squeeze(0)
+        return (_flip(y, flip) if reverse else y), h_n
+
+
+def _pad(data: Tensor, batch_sizes: Tensor):
+    """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
+    lengths [B] on the CPU, index of each packed row in the flattened padded
+    [T*B] rows). Packed rows are time-major, each step's sequences in batch
+    order, so they are the valid entries of the padded tensor in row-major order."""
+    steps, batch = batch_sizes.numel(), int(batch_sizes[0])
+    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
+    lengths = valid.sum(0)
+    rows = valid.flatten().nonzero().squeeze(1).to(data.device)
+    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
+    return padded.view(steps, batch, -1), lengths, rows
+
+
+def _time_indices(lengths: Tensor | None, steps: int, device):
+    """For packed input: the step index [T,B,1] that reverses each sequence
+    within its length (padding stays in place), and each sequence's last step
+    [1,B,1] (packed lengths are >= 1). None, None without lengths."""
+    if lengths is None:
+        return None, None
+    t = torch.arange(steps).unsqueeze(1)
+    flip = torch.where(t < lengths, lengths - 1 - t, t)
+    return flip.unsqueeze(-1).to(device), (lengths - 1).view(1, -1, 1).to(device)
+
+
+def _flip(x: Tensor, flip: Tensor | None) -> Tensor:
+    """Reverses time, within each sequence's length when there are lengths."""
+    if flip is None:
+        return x.flip(0)
+    return x.gather(0, flip.expand(-1, -1, x.shape[2]))
