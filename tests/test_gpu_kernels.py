@@ -1,0 +1,278 @@
+"""GPU kernels through the ops: parity with a float64 reference across tiers,
+dtypes, activations, odd sizes, lengths and layouts; capture in CUDA graphs;
+concurrent streams. Skipped without CUDA."""
+import threading
+
+import pytest
+import torch
+
+import torch_prnn  # noqa: F401  (registers the ops)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Relative-error bounds against the float64 reference (DESIGN.md: numerics).
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float64: 1e-12}
+ON_CHIP = ("persistent_registers", "persistent_shared")
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite values in the output"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def reference(xp, h0, w, lengths, nonlinearity):
+    """float64 loop of h_t = act(xp_t + W h_{t-1}); frozen state and zero output past a length."""
+    act = torch.tanh if nonlinearity == "tanh" else torch.relu
+    T, B, _ = xp.shape
+    h, ys = h0, []
+    lens = lengths.to(xp.device) if lengths is not None else torch.full((B,), T, device=xp.device)
+    for t in range(T):
+        new = act(xp[t] + h @ w.t())
+        alive = (t < lens).unsqueeze(1)
+        h = torch.where(alive, new, h)
+        ys.append(torch.where(alive, new, torch.zeros_like(new)))
+    return torch.stack(ys)
+
+
+def reference_backward(grad_y, y, h0, w, lengths, nonlinearity):
+    """float64 backward-data given the forward's y: delta_t = act'(y_t) (g_t + W^T delta_{t+1}),
+    zero past a length; then grad_h0 = delta_0 W and grad_W = sum_t delta_t^T h_{t-1}."""
+    T, B, H = y.shape
+    lens = lengths.to(y.device) if lengths is not None else torch.full((B,), T, device=y.device)
+    dact = (1 - y * y) if nonlinearity == "tanh" else (y > 0).double()
+    carry, deltas = torch.zeros_like(h0), [None] * T
+    for t in reversed(range(T)):
+        d = dact[t] * (grad_y[t] + carry @ w)
+        d = torch.where((t < lens).unsqueeze(1), d, torch.zeros_like(d))
+        deltas[t], carry = d, d
+    delta = torch.stack(deltas)
+    prev = torch.cat([h0.unsqueeze(0), y[:-1]])
+    return delta, delta[0] @ w, torch.einsum("tbi,tbj->ij", delta, prev)
+
+
+def make_problem(T, B, H, dtype, nonlinearity="tanh", lengths=False, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    xp = torch.randn(T, B, H, device="cuda", generator=g).to(dtype)
+    h0 = (0.5 * torch.randn(B, H, device="cuda", generator=g)).to(dtype)
+    bound = H ** -0.5
+    w = ((torch.rand(H, H, device="cuda", generator=g) * 2 - 1) * bound).to(dtype)
+    lens = None
+    if lengths:
+        lens = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(seed))
+        lens[0] = T  # at least one full-length sequence
+    return xp, h0, w, lens
+
+
+def poison_allocator(*shapes_dtypes):
+    """Leave NaN-filled blocks of the op's output sizes in the caching allocator,
+    so an element the kernel fails to write shows up as NaN."""
+    blocks = [torch.full(s, float("nan"), dtype=d, device="cuda") for s, d in shapes_dtypes]
+    del blocks
+
+
+def check_forward(T, B, H, dtype, nonlinearity, lengths=False, seed=0):
+    xp, h0, w, lens = make_problem(T, B, H, dtype, nonlinearity, lengths, seed)
+    poison_allocator(((T, B, H), dtype))
+    y = torch.ops.prnn.forward(xp, h0, w, lens, nonlinearity)
+    ref = reference(xp.double(), h0.double(), w.double(), lens, nonlinearity)
+    err = rel_err(y, ref)
+    assert err < TOL[dtype], f"forward T={T} B={B} H={H} {dtype} {nonlinearity}: rel err {err:.3g}"
+    return xp, h0, w, lens, y
+
+
+def check_backward(T, B, H, dtype, nonlinearity, lengths=False, seed=0):
+    xp, h0, w, lens, y = check_forward(T, B, H, dtype, nonlinearity, lengths, seed)
+    grad_y = torch.randn(T, B, H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed + 1))
+    grad_y = grad_y.to(dtype)
+    poison_allocator(((T, B, H), dtype))
+    gxp, gh0, gw = torch.ops.prnn.backward(grad_y, y, h0, w, lens, nonlinearity)
+    # The op's own definition: the float64 recursion over the kernel's y.
+    refs = reference_backward(grad_y.double(), y.double(), h0.double(), w.double(), lens, nonlinearity)
+    for name, out, r in zip(("grad_xp", "grad_h0", "grad_w_hh"), (gxp, gh0, gw), refs):
+        err = rel_err(out, r)
+        assert err < TOL[dtype], f"{name} T={T} B={B} H={H} {dtype} {nonlinearity}: rel err {err:.3g}"
+    if dtype in (torch.float32, torch.float64):  # end to end: autograd through the float64 forward
+        xp64, h064, w64 = (t.double().requires_grad_() for t in (xp, h0, w))
+        ref = reference(xp64, h064, w64, lens, nonlinearity)
+        for name, out, r in zip(("grad_xp", "grad_h0", "grad_w_hh"), (gxp, gh0, gw),
+                                torch.autograd.grad(ref, (xp64, h064, w64), grad_y.double())):
+            err = rel_err(out, r)
+            assert err < 10 * TOL[dtype], f"{name} (end to end) T={T} B={B} H={H} {dtype}: rel err {err:.3g}"
+
+
+SIZES = [  # (T, B, H): every H, B and T the issue names, each at least once
+    (1, 1, 1), (2, 3, 7), (255, 4, 33), (2, 17, 129), (255, 1, 1000), (255, 4, 1024),
+    (2, 17, 1024), (255, 3, 2048), (1, 4, 2048), (255, 4, 2816), (2, 1, 2816), (255, 17, 7),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("T,B,H", SIZES)
+def test_forward_matches_reference(T, B, H, dtype, nonlinearity):
+    check_forward(T, B, H, dtype, nonlinearity)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("T,B,H", SIZES)
+def test_backward_matches_reference(T, B, H, dtype, nonlinearity):
+    check_backward(T, B, H, dtype, nonlinearity)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=str)
+@pytest.mark.parametrize("T,B,H", [(37, 5, 33), (64, 9, 1024), (20, 4, 2816)])
+def test_lengths(T, B, H, dtype):
+    check_backward(T, B, H, dtype, "tanh", lengths=True, seed=3)
+
+
+def test_float64_runs_stepwise():
+    assert torch_prnn.plan(64, batch=4, dtype=torch.float64, device="cuda")["tier"] == "stepwise"
+    check_backward(50, 3, 64, torch.float64, "tanh")
+    check_backward(50, 3, 64, torch.float64, "relu", lengths=True)
+
+
+def test_on_chip_coverage():
+    """The on-chip tier covers H = 2048 in float32 and H = 2816 at 16 bits (B = 4)."""
+    for dtype, H in ((torch.float32, 2048), (torch.bfloat16, 2816), (torch.float16, 2816)):
+        for backward in (False, True):
+            p = torch_prnn.plan(H, batch=4, steps=256, dtype=dtype, device="cuda", backward=backward)
+            assert p["tier"] in ON_CHIP, (dtype, H, p)
+
+
+def test_large_hidden_uses_slower_tier():
+    H = 4096
+    p = torch_prnn.plan(H, batch=2, dtype=torch.float32, device="cuda")
+    assert p["tier"] == "stepwise", p
+    check_backward(5, 2, H, torch.float32, "tanh")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_non_contiguous_inputs(dtype):
+    T, B, H = 31, 5, 129
+    xp_big, h0, w_big, _ = make_problem(T, 2 * B, H + 3, dtype, seed=7)
+    xp = xp_big[:, ::2, 1:H + 1]  # strided batch, offset hidden
+    w = w_big[1:H + 1, 2:H + 2]  # row stride H + 3
+    h0 = h0[::2, :H]
+    assert not xp.is_contiguous() and not w.is_contiguous()
+    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    ref = reference(xp.double(), h0.double(), w.double(), None, "tanh")
+    assert rel_err(y, ref) < TOL[dtype]
+    grad_y = torch.randn(T, 1, H, device="cuda").to(dtype).expand(T, B, H)  # stride-0 batch
+    gxp, gh0, gw = torch.ops.prnn.backward(grad_y, y, h0, w, None, "tanh")
+    xp64, h064, w64 = (t.double().requires_grad_() for t in (xp, h0, w))
+    r = torch.autograd.grad(reference(xp64, h064, w64, None, "tanh"), (xp64, h064, w64), grad_y.double())
+    for out, ref_g in zip((gxp, gh0, gw), r):
+        assert rel_err(out, ref_g) < max(TOL[dtype], 1e-4)
+
+
+def test_cuda_graph_capture_and_replay():
+    T, B, H = 64, 4, 1024
+    xp, h0, w, _ = make_problem(T, B, H, torch.float32, seed=11)
+    static_xp = xp.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.prnn.forward(static_xp, h0, w, None, "tanh")  # warm up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = torch.ops.prnn.forward(static_xp, h0, w, None, "tanh")
+    for seed in range(3):
+        fresh, _, _, _ = make_problem(T, B, H, torch.float32, seed=100 + seed)
+        static_xp.copy_(fresh)
+        graph.replay()
+        expected = torch.ops.prnn.forward(fresh, h0, w, None, "tanh")
+        torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
+
+
+def test_graph_replay_loop_stays_correct():
+    T, B, H = 8, 2, 256
+    xp, h0, w, _ = make_problem(T, B, H, torch.bfloat16, seed=12)
+    torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    expected = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    for _ in range(2000):
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+def test_two_streams_at_once():
+    problems = [make_problem(200, 4, 1024, torch.float32, seed=20), make_problem(200, 3, 512, torch.bfloat16, seed=21)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [None, None]
+    torch.cuda.synchronize()
+    for i, (prob, st) in enumerate(zip(problems, streams)):
+        with torch.cuda.stream(st):
+            xp, h0, w, _ = prob
+            outs[i] = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    torch.cuda.synchronize()
+    for (xp, h0, w, _), y in zip(problems, outs):
+        assert rel_err(y, reference(xp.double(), h0.double(), w.double(), None, "tanh")) < TOL[xp.dtype]
+
+
+def test_beside_a_long_running_kernel():
+    """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
+    xp, h0, w, _ = make_problem(100, 4, 1024, torch.float32, seed=30)
+    busy = torch.randn(4096, 4096, device="cuda")
+    other = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(other):
+        for _ in range(20):
+            busy = busy @ busy
+            busy = busy / busy.norm()
+    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    torch.cuda.synchronize()
+    assert rel_err(y, reference(xp.double(), h0.double(), w.double(), None, "tanh")) < 1e-5
+
+
+def test_many_threads_share_the_op():
+    problems = [make_problem(32, 1 + i % 4, 256, torch.float32, seed=40 + i) for i in range(8)]
+    errors = []
+
+    def worker(prob):
+        try:
+            xp, h0, w, _ = prob
+            with torch.cuda.stream(torch.cuda.Stream()):
+                for _ in range(10):
+                    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+                torch.cuda.current_stream().synchronize()
+            ref = reference(xp.double(), h0.double(), w.double(), None, "tanh")
+            assert rel_err(y, ref) < 1e-5
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in problems]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors
+
+
+def test_bitwise_deterministic():
+    xp, h0, w, lens = make_problem(100, 5, 1024, torch.bfloat16, lengths=True, seed=50)
+    y1 = torch.ops.prnn.forward(xp, h0, w, lens, "tanh")
+    y2 = torch.ops.prnn.forward(xp, h0, w, lens, "tanh")
+    g = torch.randn_like(y1)
+    b1 = torch.ops.prnn.backward(g, y1, h0, w, lens, "tanh")
+    b2 = torch.ops.prnn.backward(g, y2, h0, w, lens, "tanh")
+    assert torch.equal(y1, y2)
+    for a, b in zip(b1, b2):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_gpu():
+    with torch.cuda.device(1):
+        xp, h0, w, _ = make_problem(50, 4, 1024, torch.float32, seed=60)
+    xp, h0, w = (t.to("cuda:1") for t in (xp, h0, w))
+    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    assert y.device == torch.device("cuda:1")
+    assert rel_err(y, reference(xp.double(), h0.double(), w.double(), None, "tanh")) < 1e-5
