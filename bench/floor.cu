@@ -12,17 +12,8 @@
  */
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    cudaError_t err_ = (call);                                                        \
-    if (err_ != cudaSuccess) {                                                        \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
+#include "cuda_check.h"
 
 __global__ void grid_sync_kernel(int steps, int *sink) {
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();

@@ -7,21 +7,12 @@
  *   build/lab <label>
  * Prints {"label", "dtype", "batch", "hidden", "us_per_step"} lines (slope over T = 64 and 1024).
  */
-#include <stdio.h>
-#include <stdlib.h>
 #include <algorithm>
 #include <vector>
 
 #include "persistent.cuh"
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    cudaError_t err_ = (call);                                                                  \
-    if (err_ != cudaSuccess) {                                                                  \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      exit(1);                                                                                  \
-    }                                                                                           \
-  } while (0)
+#include "cuda_check.h"
 
 using namespace prnn;
 
