@@ -10,6 +10,8 @@ import torch_prnn
 CASES = [  # (T, B, H, dtype, with lengths)
     (3, 1, 7, torch.float32, False),
     (4, 5, 129, torch.bfloat16, True),
+    (3, 12, 1024, torch.bfloat16, True),  # cluster tier: 16 CTAs x 2 clusters
+    (3, 4, 1000, torch.float16, False),
     (3, 4, 1024, torch.float32, True),
     (3, 4, 2048, torch.float32, False),
     (3, 4, 2816, torch.bfloat16, False),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Relative-error bounds against the float64 reference (DESIGN.md: numerics).
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float64: 1e-12}
-ON_CHIP = ("persistent_registers", "persistent_shared")
+ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster")
 
 
 def rel_err(out, ref):
@@ -105,6 +105,8 @@ def check_backward(T, B, H, dtype, nonlinearity, lengths=False, seed=0):
 SIZES = [  # (T, B, H): every H, B and T the issue names, each at least once
     (1, 1, 1), (2, 3, 7), (255, 4, 33), (2, 17, 129), (255, 1, 1000), (255, 4, 1024),
     (2, 17, 1024), (255, 3, 2048), (1, 4, 2048), (255, 4, 2816), (2, 1, 2816), (255, 17, 7),
+    # cluster tier boundaries at 16 bits: 5 CTAs x 3 clusters; the first size past it
+    (100, 20, 300), (50, 2, 1025),
 ]
 
 
@@ -140,6 +142,21 @@ def test_on_chip_coverage():
         for backward in (False, True):
             p = torch_prnn.plan(H, batch=4, steps=256, dtype=dtype, device="cuda", backward=backward)
             assert p["tier"] in ON_CHIP, (dtype, H, p)
+
+
+def test_cluster_tier_choice():
+    """On sm_90 the 16-bit dtypes up to H = 1024 run on one cluster per 8 sequences
+    (one CTA per 64 rows); float32 and larger H keep the grid-wide kernel."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    for dtype in (torch.bfloat16, torch.float16):
+        for H, B in ((1, 1), (64, 8), (65, 9), (1000, 4), (1024, 17)):
+            for backward in (False, True):
+                p = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", backward=backward)
+                assert p["tier"] == "persistent_cluster", (dtype, H, p)
+                assert p["grid"] == -(-H // 64) * -(-B // 8) and p["workspace_bytes"] == 0, p
+        assert torch_prnn.plan(1025, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
+    assert torch_prnn.plan(1024, batch=4, device="cuda")["tier"] == "persistent_registers"
 
 
 def test_large_hidden_uses_slower_tier():
@@ -188,6 +205,7 @@ def test_cuda_graph_capture_and_replay():
         torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
 
 
+@pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_graph_replay_loop_stays_correct():
     T, B, H = 8, 2, 256
     xp, h0, w, _ = make_problem(T, B, H, torch.bfloat16, seed=12)
@@ -202,6 +220,7 @@ def test_graph_replay_loop_stays_correct():
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
 
+@pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_two_streams_at_once():
     problems = [make_problem(200, 4, 1024, torch.float32, seed=20), make_problem(200, 3, 512, torch.bfloat16, seed=21)]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -216,6 +235,7 @@ def test_two_streams_at_once():
         assert rel_err(y, reference(xp.double(), h0.double(), w.double(), None, "tanh")) < TOL[xp.dtype]
 
 
+@pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_beside_a_long_running_kernel():
     """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
     xp, h0, w, _ = make_problem(100, 4, 1024, torch.float32, seed=30)
@@ -231,6 +251,7 @@ def test_beside_a_long_running_kernel():
     assert rel_err(y, reference(xp.double(), h0.double(), w.double(), None, "tanh")) < 1e-5
 
 
+@pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_many_threads_share_the_op():
     problems = [make_problem(32, 1 + i % 4, 256, torch.float32, seed=40 + i) for i in range(8)]
     errors = []

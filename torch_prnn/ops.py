@@ -25,6 +25,7 @@ def _forward_setup_context(ctx, inputs, output):
 
 def _forward_backward(ctx, grad_y):
     h0, w_hh, lengths, y = ctx.saved_tensors
+    grad_y = grad_y.as_strided(grad_y.shape, grad_y.contiguous().stride()) if grad_y.stride(-1) != 0 else grad_y.contiguous()
     grad_xp, grad_h0, grad_w_hh = torch.ops.prnn.backward(
         grad_y, y, h0, w_hh, lengths, ctx.nonlinearity
     )

@@ -5,6 +5,7 @@
  */
 #include <string.h>
 
+#include "cluster.cuh"
 #include "persistent.cuh"
 #include "prnn_internal.h"
 #include "stepwise.cuh"
@@ -22,6 +23,7 @@ struct DeviceInfo {
   int sms;                 /* multiprocessors */
   int smem_optin;          /* most dynamic shared memory a block may opt into */
   int cooperative;         /* cooperative launches supported */
+  int cluster;             /* thread-block cluster launches supported (sm_90+) */
 };
 DeviceInfo g_devices[kMaxDevices]; /* filled once per device; a racing fill writes the same values */
 
@@ -42,6 +44,7 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
       err = cudaDeviceGetAttribute(&fresh.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&fresh.cooperative, cudaDevAttrCooperativeLaunch, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.cluster, cudaDevAttrClusterLaunch, device);
     if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
     fresh.ready = 1;
     *d = fresh;
@@ -158,9 +161,79 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
   return PRNN_STATUS_SUCCESS;
 }
 
-prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out,
+/* The cluster kernel's launch for a problem. */
+struct ClusterLaunch {
+  const ClusterConfig *config; /* NULL: the problem does not take the cluster tier */
+  int ctas;                    /* cluster size: one CTA per 64 rows */
+  int grid;                    /* ctas x groups of 8 sequences */
+  int smem_bytes;
+};
+
+cudaLaunchConfig_t cluster_launch_config(const ClusterLaunch &c, cudaLaunchAttribute *attr, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3((unsigned)c.grid);
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = (size_t)c.smem_bytes;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = (unsigned)c.ctas;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+/* Whether a cluster of `ctas` CTAs of a kernel can be resident on the device,
+ * per (device, dtype, K extent, cluster size): 0 unknown, 1 yes, 2 no. */
+signed char g_cluster_fits[kMaxDevices][2][3][kClusterMaxCtas + 1];
+
+/* The cluster tier: 16-bit dtypes on a device with cluster launches, when all
+ * of A fits in the register files of one cluster (hidden <= 1024). */
+prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
+  memset(c, 0, sizeof *c);
+  const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
+  if (!dev.cluster || (pb->dtype != PRNN_DTYPE_BFLOAT16 && !is_half)) return PRNN_STATUS_SUCCESS;
+  const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
+  int index = 0;
+  while (index < cluster_config_count && 128 * (int64_t)table[index].k_tiles < pb->hidden) ++index;
+  if (index == cluster_config_count) return PRNN_STATUS_SUCCESS;
+  const int ctas = (int)((pb->hidden + kClusterRows - 1) / kClusterRows);
+  const int64_t groups = (pb->batch + kClusterSeqs - 1) / kClusterSeqs;
+  if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
+  ClusterLaunch cand;
+  cand.config = &table[index];
+  cand.ctas = ctas;
+  cand.grid = (int)(ctas * groups);
+  cand.smem_bytes = cluster_smem_bytes(128 * table[index].k_tiles);
+  if (cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+
+  signed char *known = &g_cluster_fits[device][is_half][index][ctas];
+  signed char fits = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (fits == 0) {
+    const void *fn = (const void *)cand.config->kernel;
+    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
+    if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(cluster_rnn_kernel)");
+    cudaLaunchAttribute attr;
+    ClusterLaunch one = cand;
+    one.grid = ctas;
+    const cudaLaunchConfig_t cfg = cluster_launch_config(one, &attr, 0);
+    int clusters = 0;
+    err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveClusters");
+    fits = clusters >= 1 ? 1 : 2;
+    __atomic_store_n(known, fits, __ATOMIC_RELEASE);
+  }
+  if (fits == 1) *c = cand;
+  return PRNN_STATUS_SUCCESS;
+}
+
+prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, ClusterLaunch *cluster,
                    const PersistentConfig **config, Geometry *geom) {
   memset(out, 0, sizeof *out);
+  memset(cluster, 0, sizeof *cluster);
   *config = NULL;
   prnn_status_t st = prnn_check_problem(pb);
   if (st != PRNN_STATUS_SUCCESS) return st;
@@ -170,6 +243,17 @@ prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out,
   DeviceInfo dev;
   st = device_info(device, &dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
+  st = choose_cluster(pb, device, dev, cluster);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (cluster->config != NULL) {
+    out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
+    out->workspace_bytes = 0; /* the state lives in the cluster's shared memory */
+    out->grid = cluster->grid;
+    out->block = kClusterThreads;
+    out->rows_per_cta = kClusterRows;
+    out->smem_bytes = cluster->smem_bytes;
+    return PRNN_STATUS_SUCCESS;
+  }
   st = choose_persistent(pb, device, dev, config, geom);
   if (st != PRNN_STATUS_SUCCESS) return st;
   const size_t elem = prnn_dtype_size(pb->dtype);
@@ -209,6 +293,15 @@ prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, Re
   return PRNN_STATUS_SUCCESS;
 }
 
+/* One launch of the cluster kernel: clusters are co-scheduled, so no cooperative launch. */
+prnn_status_t launch_cluster(const ClusterLaunch &c, const RecurrenceParams &params, cudaStream_t stream) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(c, &attr, stream);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, c.config->kernel, params);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster_rnn_kernel)");
+  return PRNN_STATUS_SUCCESS;
+}
+
 /* Shared by both passes: plan, check the workspace, launch the chosen tier. */
 prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void *workspace,
                   size_t workspace_bytes, cudaStream_t stream) {
@@ -216,13 +309,15 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
   prnn_plan_t pl;
+  ClusterLaunch cluster;
   const PersistentConfig *config;
   Geometry geom;
-  prnn_status_t st = plan(pb, device, &pl, &config, &geom);
+  prnn_status_t st = plan(pb, device, &pl, &cluster, &config, &geom);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (workspace_bytes < pl.workspace_bytes || workspace == NULL)
+  if (workspace_bytes < pl.workspace_bytes || (workspace == NULL && pl.workspace_bytes > 0))
     return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
                      workspace_bytes, workspace, pl.workspace_bytes);
+  if (cluster.config != NULL) return launch_cluster(cluster, params, stream);
   if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
   err = launch_stepwise(pb->dtype, params, workspace, stream);
   if (err != cudaSuccess) return cuda_fail(err, "stepwise_rnn_kernel launch");
@@ -257,9 +352,10 @@ prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, in
   if (pass != PRNN_PASS_FORWARD && pass != PRNN_PASS_BACKWARD_DATA)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "pass must be PRNN_PASS_FORWARD or PRNN_PASS_BACKWARD_DATA, got %d",
                      (int)pass);
+  ClusterLaunch cluster;
   const PersistentConfig *config;
   Geometry geom;
-  const prnn_status_t st = plan(problem, device, out, &config, &geom);
+  const prnn_status_t st = plan(problem, device, out, &cluster, &config, &geom);
   if (st == PRNN_STATUS_NOT_SUPPORTED) out->tier = PRNN_TIER_NONE;
   return st;
 }

@@ -85,7 +85,9 @@ typedef enum prnn_tier {
   PRNN_TIER_CPU_REFERENCE = 1,      /* the C99 reference loop */
   PRNN_TIER_PERSISTENT_REGISTERS = 2, /* one persistent kernel, W_hh in registers */
   PRNN_TIER_PERSISTENT_SHARED = 3,  /* one persistent kernel, W_hh in registers + shared memory */
-  PRNN_TIER_STEPWISE = 4            /* one kernel per step, W_hh re-read from L2/HBM */
+  PRNN_TIER_STEPWISE = 4,           /* one kernel per step, W_hh re-read from L2/HBM */
+  PRNN_TIER_PERSISTENT_CLUSTER = 5  /* one thread-block cluster per 8 sequences, W_hh in its
+                                       registers as tensor-core fragments (16-bit, sm_90+) */
 } prnn_tier_t;
 
 /* Name of a tier, e.g. "persistent_registers". */

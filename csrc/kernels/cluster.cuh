@@ -1,0 +1,349 @@
+/*
+ * cluster.cuh - the cluster-local persistent kernel for the 16-bit dtypes
+ * (forward and backward-data), sm_90 and later.
+ *
+ * One thread-block cluster of C <= 16 CTAs (co-scheduled by the hardware, so
+ * no cooperative launch and no deadlock) holds all of A (W_hh forward, W_hh^T
+ * backward) in its register files as tensor-core fragments and runs all T
+ * steps for one group of 8 sequences. Clusters of other groups never talk to
+ * each other, so a batch of any size is just more clusters.
+ *
+ * CTA c of a cluster owns rows [64c, 64c + 64) of A. Its 8 warps split K:
+ * warp w holds the A fragments of its 4 m-tiles for k-tiles [w*KT, w*KT + KT).
+ * Every CTA keeps the whole previous state s_{t-1}, [K][8 sequences] 16-bit,
+ * in its own shared memory. One step:
+ *   ldmatrix s_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> warp partial sums
+ *   to shared memory -> 256 threads sum the 8 warps, apply the activation and
+ *   write out[t] -> the CTA's 64 x 8 slice of s_t is copied into every CTA's
+ *   shared memory (distributed shared memory) -> one cluster barrier.
+ * The state buffers alternate by step parity. One barrier per step suffices:
+ * a CTA writes step s into its peers' buffer (s + 1) % 2 only after the
+ * barrier of step s - 1, which every peer reached after its last read of that
+ * buffer (in step s - 1).
+ *
+ * The state is carried at the element width, like the grid-wide kernel and
+ * nn.RNN; sums are fp32.
+ */
+#ifndef PRNN_CLUSTER_CUH
+#define PRNN_CLUSTER_CUH
+
+#include "persistent.cuh"
+
+/* Experiments only (bench/cluster_lab.cu): bits that take a stage out of a
+ * step - 1: the mma, 2: the exchange, 4: output stores and operand loads,
+ * 8: send to itself only. Always 0 in the library. */
+#ifndef PRNN_CLUSTER_ABLATE
+#define PRNN_CLUSTER_ABLATE 0
+#endif
+
+namespace prnn {
+
+/* Fixed geometry: 8 warps, 64 rows (4 m-tiles of 16) per CTA, 8 sequences (mma n = 8) per cluster. */
+const int kClusterThreads = 256;
+const int kClusterWarps = 8;
+const int kClusterRows = 64;
+const int kClusterSeqs = 8;
+const int kClusterMaxCtas = 16;
+
+/* A compiled K extent: 8 warps x KT k-tiles x 16 = 128 * KT columns. */
+struct ClusterConfig {
+  int k_tiles; /* KT per warp */
+  PersistentKernel kernel;
+};
+
+/* Dynamic shared memory of the kernel for a K extent: while stepping, two
+ * state buffers [K][8] 16-bit, the warps' partial sums [8][64][8] fp32 and the
+ * outgoing slice [64][8] 16-bit; before, the same space stages A ([64][K + 8]). */
+__host__ __device__ constexpr int cluster_step_smem(int k_extent) {
+  return 2 * k_extent * kClusterSeqs * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
+         kClusterRows * kClusterSeqs * 2 + 2 * 8;
+}
+__host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
+  return cluster_step_smem(k_extent) > kClusterRows * (k_extent + 8) * 2 ? cluster_step_smem(k_extent)
+                                                                         : kClusterRows * (k_extent + 8) * 2;
+}
+
+template <typename E> struct MmaOp;
+template <> struct MmaOp<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct MmaOp<__half> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+/* 16-bit bits of a float, rounded to E. */
+template <typename E>
+__device__ __forceinline__ unsigned short round_bits(float x) {
+  return (unsigned short)bits16(Round<E>::to(x));
+}
+template <typename E> __device__ __forceinline__ float from_bits(unsigned short v);
+template <> __device__ __forceinline__ float from_bits<__nv_bfloat16>(unsigned short v) {
+  return __uint_as_float((uint32_t)v << 16);
+}
+template <> __device__ __forceinline__ float from_bits<__half>(unsigned short v) {
+  return __half2float(__ushort_as_half(v));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+/* Cluster barrier, used once at the start: the release costs a GPU-scope fence. */
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* The shared-memory address of the same variable in CTA `rank` of the cluster. */
+__device__ __forceinline__ uint32_t peer_address(uint32_t local, unsigned rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+/* mbarrier with a transaction count: peers' st.async stores count down the bytes. */
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, unsigned bytes) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbarrier_done(uint32_t bar, unsigned parity) {
+  uint32_t done;
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+/* 16 bytes into a peer's shared memory; the store counts them down on the
+ * peer's mbarrier. (Sending only a group's live sequences, 4 or 8 bytes a
+ * row, was 0.5 us/step slower: bench/NOTES.md.) */
+__device__ __forceinline__ void store_peer16_async(uint32_t remote, uint4 v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+               :: "r"(remote), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                            uint32_t &r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                                  uint32_t &r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+#endif
+
+template <typename E, int KT>
+__global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const RecurrenceParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int MT = kClusterRows / 16; /* m-tiles per CTA */
+  constexpr int KEXT = kClusterWarps * KT * 16;
+  constexpr int OPT = kClusterRows * kClusterSeqs / kClusterThreads; /* outputs per thread */
+  static_assert(KT % 2 == 0 && OPT * kClusterThreads == kClusterRows * kClusterSeqs, "bad cluster shape");
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = p.steps, B = p.batch, H = p.hidden;
+  const unsigned rank = cluster_rank(), ctas = cluster_size();
+  const int row0 = (int)rank * kClusterRows;
+  const int seq0 = (int)cluster_index() * kClusterSeqs;
+  E *out = static_cast<E *>(p.out);
+  const E *in = static_cast<const E *>(p.in);
+  const E *yfwd = static_cast<const E *>(p.y);
+  const E *h0 = static_cast<const E *>(p.h0);
+
+  /* shared memory: state[2][KEXT][8] 16-bit, partial[8 warps][64 rows][8] fp32, slice[64][8] 16-bit */
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned short *state = reinterpret_cast<unsigned short *>(smem);
+  float *partial = reinterpret_cast<float *>(smem + 2 * KEXT * kClusterSeqs * 2);
+  unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterRows * kClusterSeqs);
+
+  /* A fragments (mma row-major 16x16): a[m][kt] = rows 16m + {g, g+8}, k = 16(w KT + kt) + {2q, 2q+8} (+1).
+   * Staged through shared memory (coalesced global reads, then ldmatrix) so the
+   * prologue needs no more registers than the fragments themselves. */
+  const int g = lane >> 2, q = lane & 3;
+  uint32_t a[MT][KT][4];
+  {
+    unsigned short *stage = reinterpret_cast<unsigned short *>(smem); /* [64][KEXT + 8]: padded rows, no bank conflicts */
+    const E *A = static_cast<const E *>(p.a);
+    const bool k_fastest = p.a_stride_col == 1; /* forward: A rows are contiguous; backward: columns are */
+    for (int idx = tid; idx < kClusterRows * KEXT; idx += kClusterThreads) {
+      const int r = k_fastest ? idx / KEXT : idx % kClusterRows;
+      const int k = k_fastest ? idx % KEXT : idx / kClusterRows;
+      const int i = row0 + r;
+      stage[r * (KEXT + 8) + k] =
+          (i < H && k < H) ? (unsigned short)bits16(A[i * p.a_stride_row + k * p.a_stride_col]) : (unsigned short)0;
+    }
+    __syncthreads();
+    const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(stage);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        /* lane l: row 16m + l % 16, columns k0 + 8 (l / 16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) */
+        const int r = 16 * m + (lane & 15), k = (warp * KT + kt) * 16 + 8 * (lane >> 4);
+        ldmatrix_x4(stage_base + (uint32_t)((r * (KEXT + 8) + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
+                    a[m][kt][3]);
+      }
+    __syncthreads(); /* the staging area is the state buffers' */
+  }
+
+  /* Both state buffers zero (padding rows stay zero), then s_{-1} = h0 (zero backward). */
+  for (int i = tid; i < 2 * KEXT * kClusterSeqs / 8; i += kClusterThreads)
+    reinterpret_cast<uint4 *>(state)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  if (!p.backward)
+    for (int i = tid; i < H * kClusterSeqs; i += kClusterThreads) {
+      const int k = i / kClusterSeqs, n = i % kClusterSeqs, b = seq0 + n;
+      if (b < B) state[i] = (unsigned short)bits16(h0[(size_t)b * p.h0_stride_b + k]);
+    }
+
+  /* This thread's outputs: o = tid + 256 i is (row r = o / 8, sequence n = o % 8). */
+  int o_row[OPT], o_b[OPT], o_len[OPT];
+  bool o_valid[OPT];
+  float o_in[OPT], o_y[OPT];
+  E o_out[OPT];
+  auto prefetch = [&](int t) { /* epilogue operands of step t */
+#pragma unroll
+    for (int i = 0; i < OPT; ++i) {
+      o_in[i] = o_valid[i] ? to_accum(in[t * p.in_stride_t + o_b[i] * p.in_stride_b + o_row[i]]) : 0.f;
+      o_y[i] = (o_valid[i] && p.backward) ? to_accum(yfwd[((size_t)t * B + o_b[i]) * H + o_row[i]]) : 0.f;
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < OPT; ++i) {
+    const int o = tid + kClusterThreads * i;
+    o_row[i] = row0 + o / kClusterSeqs;
+    o_b[i] = seq0 + o % kClusterSeqs;
+    o_valid[i] = o_row[i] < H && o_b[i] < B;
+    o_len[i] = o_valid[i] ? sequence_length(p.lengths, o_b[i], T) : 0;
+  }
+  prefetch(p.backward ? T - 1 : 0);
+
+  /* One mbarrier per state buffer; every CTA of the cluster has started and
+   * initialised its state and barriers before any peer writes into them. */
+  uint64_t *bars = reinterpret_cast<uint64_t *>(slice + kClusterRows * kClusterSeqs);
+  const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
+  if (tid == 0) {
+    mbarrier_init(bar_base, 1);
+    mbarrier_init(bar_base + 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_arrive();
+  cluster_wait();
+  const unsigned slice_bytes = kClusterRows * kClusterSeqs * 2;
+
+  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
+  for (int s = 0; s < T; ++s) {
+    const int t = p.backward ? T - 1 - s : s;
+    const int cur = s & 1;
+    const unsigned short *prev = state + cur * KEXT * kClusterSeqs;
+    const uint32_t next_bar = bar_base + 8 * (1 - cur);
+    /* Arm the next buffer's barrier for its C slices (its previous phase ended before step s - 1). */
+    const unsigned senders = (PRNN_CLUSTER_ABLATE & 8) ? 1 : ctas;
+    if (tid == 0 && s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) mbarrier_expect_bytes(next_bar, senders * slice_bytes);
+
+    /* (A s_{t-1}) for the CTA's 64 rows x 8 sequences, this warp's K slice. */
+    float acc[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < KT && !(PRNN_CLUSTER_ABLATE & 1); kt += 2) {
+      /* lane l points at state row k0 + l: matrices 0..3 = k rows [k0, k0+8), [+8, +16), [+16, +24), [+24, +32) */
+      const int k0 = (warp * KT + kt) * 16;
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4_trans(state_base + (uint32_t)((cur * KEXT + k0 + lane) * kClusterSeqs * 2), b0, b1, b2, b3);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+        MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
+      }
+    }
+    /* C fragment: acc[m] = rows 16m + {g, g+8}, sequences 2q, 2q+1. */
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      float *part = partial + (warp * kClusterRows + 16 * m + g) * kClusterSeqs + 2 * q;
+      *reinterpret_cast<float2 *>(part) = make_float2(acc[m][0], acc[m][1]);
+      *reinterpret_cast<float2 *>(part + 8 * kClusterSeqs) = make_float2(acc[m][2], acc[m][3]);
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < OPT; ++i) {
+      const int o = tid + kClusterThreads * i; /* = local row * 8 + n */
+      float mat = 0.f;
+#pragma unroll
+      for (int w = 0; w < kClusterWarps; ++w) mat += partial[w * kClusterRows * kClusterSeqs + o];
+      const bool active = o_valid[i] && t < o_len[i];
+      /* past the length the state stays s_{t-1}: it is in this CTA's own buffer */
+      const float frozen = (o_valid[i] && !active && !p.backward)
+                               ? from_bits<E>(prev[(size_t)o_row[i] * kClusterSeqs + o % kClusterSeqs])
+                               : 0.f;
+      float st;
+      o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, o_in[i], o_y[i], frozen, &st));
+      slice[o] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
+    }
+    __syncthreads();
+
+    /* The slice (64 rows) into every CTA's next buffer; the last step's is not needed. */
+    if (s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) {
+      const int r = tid % kClusterRows;
+      const uint4 v = reinterpret_cast<const uint4 *>(slice)[r];
+      const uint32_t local = state_base + (uint32_t)(((1 - cur) * KEXT + row0 + r) * kClusterSeqs * 2);
+      for (unsigned peer = tid / kClusterRows; peer < senders; peer += kClusterThreads / kClusterRows)
+        store_peer16_async(peer_address(local, (PRNN_CLUSTER_ABLATE & 8) ? rank : peer), v,
+                           peer_address(next_bar, (PRNN_CLUSTER_ABLATE & 8) ? rank : peer));
+    }
+#pragma unroll
+    for (int i = 0; i < OPT; ++i)
+      if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 4)) out[((size_t)t * B + o_b[i]) * H + o_row[i]] = o_out[i];
+    if (s + 1 < T) {
+      /* the next step's operands load behind the wait */
+      if (!(PRNN_CLUSTER_ABLATE & 4)) prefetch(p.backward ? T - 2 - s : s + 1);
+      unsigned long long since = 0; /* for the watchdog */
+      if (!(PRNN_CLUSTER_ABLATE & 2))
+        for (unsigned round = 1; !mbarrier_done(next_bar, (s >> 1) & 1); ++round) watchdog(round, &since);
+      else
+        __syncthreads();
+    }
+  }
+#else
+  __trap(); /* never launched: the planner requires compute capability 9.0 */
+#endif
+}
+
+#define PRNN_CLUSTER_CONFIG(E, KT) \
+  { KT, cluster_rnn_kernel<E, KT> }
+
+/* The compiled K extents of each 16-bit dtype, smallest first (cluster.cu). */
+extern const ClusterConfig cluster_configs_bf16[];
+extern const ClusterConfig cluster_configs_f16[];
+extern const int cluster_config_count;
+
+}  // namespace prnn
+
+#endif /* PRNN_CLUSTER_CUH */
