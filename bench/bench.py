@@ -113,7 +113,7 @@ def diagnose():
     kernel time, intercept = per-call cost), the host time of a call, and the
     module replayed in a CUDA graph (no launch overhead)."""
     import time
-    for dtype_name in ("float32", "bfloat16"):
+    for dtype_name in ("float32", "bfloat16", "float16"):
         dtype = DTYPES[dtype_name]
         for batch in (1, 4, 16):
             hidden = 1024
@@ -169,7 +169,7 @@ def main():
             "date": datetime.date.today().isoformat()}
     steps = 256
     if args.quick:
-        grid = [(d, b, h) for d in DTYPES for b in (1, 4, 16) for h in (1024,)]
+        grid = [(d, b, h) for d in DTYPES for b in (1, 4, 16) for h in (512, 1024)]
     else:
         grid = [(d, b, h) for d in DTYPES for b in (1, 2, 4, 8, 16, 32, 64) for h in (256, 512, 1024, 1152, 2048)]
     passes = ("fwd",) if args.no_backward else ("fwd", "fwdbwd")

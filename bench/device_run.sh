@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test gputest bench quick diag profile sanitize (default: build test bench)
+#   stages: build test gputest bench quick diag lab profile sanitize (default: build test bench)
 #
 # Logs and results go to $OUT (the device tool's return folder) or build/device/.
 set -uo pipefail
@@ -50,10 +50,17 @@ for s in $stages; do
     diag)
       stage diag python3 bench/bench.py --diag
       cat "$OUT/diag.log" ;;
+    lab) # the cluster kernel alone, with each stage taken out in turn (PRNN_CLUSTER_ABLATE)
+      for a in 0 1 2 4 8; do
+        nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_CLUSTER_ABLATE=$a bench/cluster_lab.cu \
+          -o build/clab$a &
+      done
+      wait
+      for a in 0 1 2 4 8; do stage lab$a build/clab$a ablate$a; cat "$OUT/lab$a.log"; done ;;
     profile)
-      stage profile ncu --clock-control none --kernel-name regex:persistent --launch-skip 2 --launch-count 1 \
+      stage profile ncu --clock-control none --kernel-name regex:rnn_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
-        python3 bench/profile_step.py float32 4
+        python3 bench/profile_step.py ${PROFILE_DTYPE:-bfloat16} 4
       grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$OUT/profile.log" | head -60 ;;
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"

@@ -1,0 +1,97 @@
+/*
+ * cluster_lab.cu - times the cluster kernel alone (no torch), per step, as the
+ * slope over T = 64 and 1024: the harness for cluster-kernel experiments.
+ * Build one binary per ablation (PRNN_CLUSTER_ABLATE in cluster.cuh):
+ *
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -DPRNN_CLUSTER_ABLATE=0 bench/cluster_lab.cu -o build/clab0
+ *   build/clab0 <label>
+ * Prints {"label", "hidden", "batch", "us_per_step"} lines, bfloat16.
+ */
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cluster.cuh"
+
+#include "cuda_check.h"
+
+using namespace prnn;
+
+template <int KT>
+static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *h0, void *out) {
+  RecurrenceParams p = {};
+  p.steps = steps;
+  p.batch = batch;
+  p.hidden = hidden;
+  p.a = a;
+  p.a_stride_row = hidden;
+  p.a_stride_col = 1;
+  p.in = in;
+  p.in_stride_t = (int64_t)batch * hidden;
+  p.in_stride_b = hidden;
+  p.h0 = h0;
+  p.h0_stride_b = hidden;
+  p.out = out;
+  void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT>;
+  const int smem = cluster_smem_bytes(128 * KT);
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const int ctas = (hidden + 63) / 64, groups = (batch + 7) / 8;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = ctas;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(ctas * groups);
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  std::vector<float> times;
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  for (int rep = 0; rep < 9; ++rep) {
+    CHECK(cudaEventRecord(t0));
+    CHECK(cudaLaunchKernelEx(&cfg, fn, p));
+    CHECK(cudaEventRecord(t1));
+    CHECK(cudaEventSynchronize(t1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    if (rep >= 2) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <int KT>
+static void run(const char *label, int batch, int hidden) {
+  const int big = 1024;
+  void *a, *in, *h0, *out;
+  CHECK(cudaMalloc(&a, (size_t)hidden * hidden * 2));
+  CHECK(cudaMalloc(&in, (size_t)big * batch * hidden * 2));
+  CHECK(cudaMalloc(&h0, (size_t)batch * hidden * 2));
+  CHECK(cudaMalloc(&out, (size_t)big * batch * hidden * 2));
+  CHECK(cudaMemset(a, 0x3c, (size_t)hidden * hidden * 2)); /* bf16 0x3c3c = 0.0115 */
+  CHECK(cudaMemset(in, 0x3c, (size_t)big * batch * hidden * 2));
+  CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 2));
+  const float short_ms = time_ms<KT>(64, batch, hidden, a, in, h0, out);
+  const float long_ms = time_ms<KT>(big, batch, hidden, a, in, h0, out);
+  printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f}\n", label,
+         hidden, batch, 1000.f * (long_ms - short_ms) / (big - 64),
+         1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64));
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(in));
+  CHECK(cudaFree(h0));
+  CHECK(cudaFree(out));
+}
+
+int main(int argc, char **argv) {
+  const char *label = argc > 1 ? argv[1] : "cluster";
+  run<8>(label, 4, 1024);
+  run<8>(label, 1, 1024);
+  run<4>(label, 4, 512);
+  run<2>(label, 4, 256);
+  run<8>(label, 16, 1024);
+  return 0;
+}
