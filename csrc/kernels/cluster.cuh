@@ -14,12 +14,16 @@
  * in its own shared memory. One step:
  *   ldmatrix s_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> warp partial sums
  *   to shared memory -> 256 threads sum the 8 warps, apply the activation and
- *   write out[t] -> the CTA's 64 x 8 slice of s_t is copied into every CTA's
- *   shared memory (distributed shared memory) -> one cluster barrier.
- * The state buffers alternate by step parity. One barrier per step suffices:
- * a CTA writes step s into its peers' buffer (s + 1) % 2 only after the
- * barrier of step s - 1, which every peer reached after its last read of that
- * buffer (in step s - 1).
+ *   write out[t] -> the CTA's 64-row slice of s_t goes into every CTA's
+ *   shared memory by st.async (distributed shared memory), each store
+ *   counting its bytes down on an mbarrier of the receiver.
+ * Each warp has its own mbarrier per state buffer, for the rows of its K
+ * slice only, and starts its mma as soon as those rows are in: the exchange
+ * and the tensor-core work overlap. No cluster barrier per step (its release
+ * is a GPU-wide fence). The state buffers alternate by step parity; that
+ * suffices: a CTA writes step s + 1 into a peer's buffer (s + 2) % 2 only
+ * after all of its warps had their rows of step s, the peer's included,
+ * which the peer sent after its last read of that buffer (in step s).
  *
  * The state is carried at the element width, like the grid-wide kernel and
  * nn.RNN; sums are fp32.
@@ -30,8 +34,8 @@
 #include "persistent.cuh"
 
 /* Experiments only (bench/cluster_lab.cu): bits that take a stage out of a
- * step - 1: the mma, 2: the exchange, 4: output stores and operand loads,
- * 8: send to itself only. Always 0 in the library. */
+ * step - 1: the mma, 2: the exchange, 4: output stores and operand loads.
+ * Always 0 in the library. */
 #ifndef PRNN_CLUSTER_ABLATE
 #define PRNN_CLUSTER_ABLATE 0
 #endif
@@ -56,7 +60,7 @@ struct ClusterConfig {
  * outgoing slice [64][8] 16-bit; before, the same space stages A ([64][K + 8]). */
 __host__ __device__ constexpr int cluster_step_smem(int k_extent) {
   return 2 * k_extent * kClusterSeqs * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
-         kClusterRows * kClusterSeqs * 2 + 2 * 8;
+         kClusterRows * kClusterSeqs * 2 + 2 * kClusterWarps * 8;
 }
 __host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
   return cluster_step_smem(k_extent) > kClusterRows * (k_extent + 8) * 2 ? cluster_step_smem(k_extent)
@@ -225,13 +229,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   /* This thread's outputs: o = tid + 256 i is (row r = o / 8, sequence n = o % 8). */
   int o_row[OPT], o_b[OPT], o_len[OPT];
   bool o_valid[OPT];
-  float o_in[OPT], o_y[OPT];
+  E o_in[OPT], o_y[OPT];     /* epilogue operands of this step */
+  E next_in[OPT], next_y[OPT]; /* of the next step, loading a whole step ahead */
   E o_out[OPT];
-  auto prefetch = [&](int t) { /* epilogue operands of step t */
+  auto load_operands = [&](int s_at, E (&vin)[OPT], E (&vy)[OPT]) {
+    const int t = p.backward ? T - 1 - s_at : s_at;
 #pragma unroll
     for (int i = 0; i < OPT; ++i) {
-      o_in[i] = o_valid[i] ? to_accum(in[t * p.in_stride_t + o_b[i] * p.in_stride_b + o_row[i]]) : 0.f;
-      o_y[i] = (o_valid[i] && p.backward) ? to_accum(yfwd[((size_t)t * B + o_b[i]) * H + o_row[i]]) : 0.f;
+      vin[i] = o_valid[i] ? in[t * p.in_stride_t + o_b[i] * p.in_stride_b + o_row[i]] : Round<E>::to(0.f);
+      vy[i] = (o_valid[i] && p.backward) ? yfwd[((size_t)t * B + o_b[i]) * H + o_row[i]] : Round<E>::to(0.f);
     }
   };
 #pragma unroll
@@ -242,30 +248,38 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     o_valid[i] = o_row[i] < H && o_b[i] < B;
     o_len[i] = o_valid[i] ? sequence_length(p.lengths, o_b[i], T) : 0;
   }
-  prefetch(p.backward ? T - 1 : 0);
+  load_operands(0, o_in, o_y);
+  if (T > 1) load_operands(1, next_in, next_y);
 
-  /* One mbarrier per state buffer; every CTA of the cluster has started and
+  /* mbarriers [2 buffers][8 warps]; every CTA of the cluster has started and
    * initialised its state and barriers before any peer writes into them. */
   uint64_t *bars = reinterpret_cast<uint64_t *>(slice + kClusterRows * kClusterSeqs);
   const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
-  if (tid == 0) {
-    mbarrier_init(bar_base, 1);
-    mbarrier_init(bar_base + 8, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  auto bar = [&](int buffer, int w) { return bar_base + 8u * (uint32_t)(buffer * kClusterWarps + w); };
+  if (tid < 2 * kClusterWarps) mbarrier_init(bar_base + 8u * tid, 1);
+  if (tid == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   cluster_arrive();
   cluster_wait();
-  const unsigned slice_bytes = kClusterRows * kClusterSeqs * 2;
+  /* This warp's K slice is state rows [16 KT warp, 16 KT (warp + 1)); rows past
+   * the cluster's C * 64 are never sent (they stay zero). */
+  constexpr int WROWS = 16 * KT;
+  const int sent_rows = (int)ctas * kClusterRows - warp * WROWS;
+  const unsigned warp_bytes =
+      (unsigned)(sent_rows <= 0 ? 0 : (sent_rows < WROWS ? sent_rows : WROWS)) * kClusterSeqs * 2;
+  const bool exchange = !(PRNN_CLUSTER_ABLATE & 2) && warp_bytes > 0;
 
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
   for (int s = 0; s < T; ++s) {
     const int t = p.backward ? T - 1 - s : s;
     const int cur = s & 1;
     const unsigned short *prev = state + cur * KEXT * kClusterSeqs;
-    const uint32_t next_bar = bar_base + 8 * (1 - cur);
-    /* Arm the next buffer's barrier for its C slices (its previous phase ended before step s - 1). */
-    const unsigned senders = (PRNN_CLUSTER_ABLATE & 8) ? 1 : ctas;
-    if (tid == 0 && s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) mbarrier_expect_bytes(next_bar, senders * slice_bytes);
+    /* Arm this warp's barrier of the next buffer (its previous phase ended
+     * before step s - 1), then wait for this step's rows (sent in step s - 1). */
+    if (exchange && lane == 0 && s + 1 < T) mbarrier_expect_bytes(bar(1 - cur, warp), warp_bytes);
+    if (exchange && s > 0) {
+      unsigned long long since = 0; /* for the watchdog */
+      for (unsigned round = 1; !mbarrier_done(bar(cur, warp), ((s - 1) >> 1) & 1); ++round) watchdog(round, &since);
+    }
 
     /* (A s_{t-1}) for the CTA's 64 rows x 8 sequences, this warp's K slice. */
     float acc[MT][4];
@@ -304,32 +318,34 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
                                ? from_bits<E>(prev[(size_t)o_row[i] * kClusterSeqs + o % kClusterSeqs])
                                : 0.f;
       float st;
-      o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, o_in[i], o_y[i], frozen, &st));
+      o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, to_accum(o_in[i]), to_accum(o_y[i]), frozen, &st));
       slice[o] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
     }
     __syncthreads();
 
     /* The slice (64 rows) into every CTA's next buffer; the last step's is not needed. */
     if (s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) {
+      /* row r of the slice counts on the barrier of the peer's warp that reads it */
       const int r = tid % kClusterRows;
       const uint4 v = reinterpret_cast<const uint4 *>(slice)[r];
       const uint32_t local = state_base + (uint32_t)(((1 - cur) * KEXT + row0 + r) * kClusterSeqs * 2);
-      for (unsigned peer = tid / kClusterRows; peer < senders; peer += kClusterThreads / kClusterRows)
-        store_peer16_async(peer_address(local, (PRNN_CLUSTER_ABLATE & 8) ? rank : peer), v,
-                           peer_address(next_bar, (PRNN_CLUSTER_ABLATE & 8) ? rank : peer));
+      const uint32_t row_bar = bar(1 - cur, (row0 + r) / WROWS);
+      for (unsigned peer = tid / kClusterRows; peer < ctas; peer += kClusterThreads / kClusterRows)
+        store_peer16_async(peer_address(local, peer), v, peer_address(row_bar, peer));
     }
 #pragma unroll
     for (int i = 0; i < OPT; ++i)
       if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 4)) out[((size_t)t * B + o_b[i]) * H + o_row[i]] = o_out[i];
+    /* Operand loads run a step ahead: one loaded behind this step's wait came back late. */
     if (s + 1 < T) {
-      /* the next step's operands load behind the wait */
-      if (!(PRNN_CLUSTER_ABLATE & 4)) prefetch(p.backward ? T - 2 - s : s + 1);
-      unsigned long long since = 0; /* for the watchdog */
-      if (!(PRNN_CLUSTER_ABLATE & 2))
-        for (unsigned round = 1; !mbarrier_done(next_bar, (s >> 1) & 1); ++round) watchdog(round, &since);
-      else
-        __syncthreads();
+#pragma unroll
+      for (int i = 0; i < OPT; ++i) {
+        o_in[i] = next_in[i];
+        o_y[i] = next_y[i];
+      }
+      if (s + 2 < T && !(PRNN_CLUSTER_ABLATE & 4)) load_operands(s + 2, next_in, next_y);
     }
+    if (PRNN_CLUSTER_ABLATE & 2) __syncthreads();
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 9.0 */

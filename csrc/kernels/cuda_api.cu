@@ -352,11 +352,22 @@ prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, in
   if (pass != PRNN_PASS_FORWARD && pass != PRNN_PASS_BACKWARD_DATA)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "pass must be PRNN_PASS_FORWARD or PRNN_PASS_BACKWARD_DATA, got %d",
                      (int)pass);
+  /* Planning sets kernel attributes, which apply to the current device: make
+   * `device` current for it, and restore the caller's. */
+  int current = 0;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
+  if (device != current && (err = cudaSetDevice(device)) != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: clear it */
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d: %s", device, cudaGetErrorString(err));
+  }
   ClusterLaunch cluster;
   const PersistentConfig *config;
   Geometry geom;
-  const prnn_status_t st = plan(problem, device, out, &cluster, &config, &geom);
+  prnn_status_t st = plan(problem, device, out, &cluster, &config, &geom);
   if (st == PRNN_STATUS_NOT_SUPPORTED) out->tier = PRNN_TIER_NONE;
+  if (device != current && (err = cudaSetDevice(current)) != cudaSuccess && st == PRNN_STATUS_SUCCESS)
+    st = cuda_fail(err, "cudaSetDevice");
   return st;
 }
 
