@@ -4,7 +4,7 @@ torch.compile / export, autograd, autocast, and the plan query."""
 import torch
 from torch import Tensor
 
-_TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise")
+_TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster")
 
 
 @torch.library.register_fake("prnn::forward")
@@ -25,7 +25,6 @@ def _forward_setup_context(ctx, inputs, output):
 
 def _forward_backward(ctx, grad_y):
     h0, w_hh, lengths, y = ctx.saved_tensors
-    grad_y = grad_y.as_strided(grad_y.shape, grad_y.contiguous().stride()) if grad_y.stride(-1) != 0 else grad_y.contiguous()
     grad_xp, grad_h0, grad_w_hh = torch.ops.prnn.backward(
         grad_y, y, h0, w_hh, lengths, ctx.nonlinearity
     )
