@@ -164,6 +164,12 @@ class PersistentRNN(nn.Module):
             x, lengths, rows = _pad(data, batch_sizes)
             if hx is not None and sorted_indices is not None:
                 # hx is in the caller's batch order; the padded batch is sorted.
+                # Its shape first (nn.RNN permutes first): a batch too small
+                # would index out of range (on CUDA a device-side assert, fatal
+                # to the context), one too large would silently lose rows.
+                expected_hidden = (self.num_layers * num_directions, x.shape[1], self.hidden_size)
+                if hx.shape != expected_hidden:
+                    raise RuntimeError(f"Expected hidden size {expected_hidden}, got {list(hx.shape)}")
                 hx = hx.index_select(1, sorted_indices)
         else:
             if input.dim() not in (2, 3):
@@ -268,6 +274,13 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     lengths [B] on the CPU, index of each packed row in the flattened padded
     [T*B] rows). Packed rows are time-major, each step's sequences in batch
     order, so they are the valid entries of the padded tensor in row-major order."""
+    # What pack_padded_sequence makes. Without this check a hand-built one with
+    # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
+    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
+        raise RuntimeError(
+            "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
+            f"data rows, got batch_sizes {batch_sizes.tolist()} for {data.shape[0]} rows"
+        )
     steps, batch = batch_sizes.numel(), int(batch_sizes[0])
     valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
     lengths = valid.sum(0)
