@@ -1,5 +1,9 @@
 """Shared test helpers: the devices to run on, a float64 reference of the op,
-relative errors, and nn.RNN twins of PersistentRNN modules."""
+relative errors, nn.RNN twins of PersistentRNN modules, and the hang guard."""
+
+import faulthandler
+import os
+import sys
 
 import pytest
 import torch
@@ -7,6 +11,7 @@ import torch
 import torch_prnn
 
 devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # Relative error bounds (norm-wise) against a float64 reference; DESIGN.md "Numerics".
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -17,8 +22,54 @@ def _seed():
     torch.manual_seed(0)
 
 
+# ---- hang guard -------------------------------------------------------------
+# @pytest.mark.hang_guard(seconds): if the test (setup, call and teardown) is
+# still running after `seconds`, faulthandler's watchdog thread (plain C, so it
+# fires even while a hung CUDA call holds the GIL) writes every Python thread's
+# traceback to the terminal's stderr and ends the process with exit status 1.
+# A hang then costs `seconds`, not the whole device session, and says where it
+# was. pytest-timeout does the same but is not installed on the GPU machine.
+# PRNN_HANG_GUARD_SCALE multiplies every limit (e.g. 10 under
+# compute-sanitizer); 0 turns the guard off.
+
+_real_stderr_fd = None  # a copy of the terminal's stderr, which outlives output capture
+
+
+def pytest_configure(config):
+    global _real_stderr_fd
+    config.addinivalue_line(
+        "markers",
+        "hang_guard(seconds): dump every thread's traceback and exit the test process "
+        "if the test runs longer than `seconds`",
+    )
+    # With capture on, fd 2 points into pytest's capture file, whose contents are
+    # lost when the watchdog ends the process: dump to the original stderr, which
+    # the capture keeps open as err.targetfd_save (a private attribute, hence the
+    # fallbacks: without fd capture, fd 2 is the terminal already).
+    capman = config.pluginmanager.getplugin("capturemanager")
+    err = getattr(getattr(capman, "_global_capturing", None), "err", None)
+    fd = getattr(err, "targetfd_save", None)
+    if not isinstance(fd, int):
+        fd = sys.__stderr__.fileno()
+    _real_stderr_fd = os.dup(fd)
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard(request):
+    marker = request.node.get_closest_marker("hang_guard")
+    seconds = marker.args[0] * float(os.environ.get("PRNN_HANG_GUARD_SCALE", "1")) if marker else 0
+    if seconds <= 0:
+        yield
+        return
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_real_stderr_fd)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
+    out, ref = out.double(), ref.double().to(out.device)  # the reference may live on the CPU
     assert torch.isfinite(out).all(), "non-finite values"
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
@@ -28,14 +79,39 @@ def assert_close(out, ref, dtype, what=""):
     assert err < TOL[dtype], f"{what}: relative error {err:.3g} >= {TOL[dtype]:g}"
 
 
-def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh"):
+class _ActivationWithGivenOutput(torch.autograd.Function):
+    """act(pre) in the forward; in the backward, act' taken from a given y
+    (1 - y^2, or y > 0) instead of from the exact output."""
+
+    @staticmethod
+    def forward(ctx, pre, y, nonlinearity):
+        ctx.save_for_backward(y)
+        ctx.relu = nonlinearity == "relu"
+        return torch.relu(pre) if ctx.relu else torch.tanh(pre)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * ((y > 0).to(grad.dtype) if ctx.relu else 1 - y * y), None, None
+
+
+def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_from=None):
     """The op's definition as a float64 loop: h_t = act(xp_t + W_hh h_{t-1});
-    past a sequence's length its state is frozen and its outputs are zero."""
+    past a sequence's length its state is frozen and its outputs are zero.
+
+    With `act_grad_from` (the op's own y [T, B, H], any dtype), autograd takes
+    the activation's derivative from it, as the backward kernels do from the
+    stored y: the reference for float16 / bfloat16 gradients, where 1 - y^2 of
+    a rounded y near +-1 (or relu's y > 0 next to 0) differs from the exact one
+    by far more than the rounding of y itself, so element-wise errors of a few
+    percent are the op's definition, not a bug."""
     act = torch.tanh if nonlinearity == "tanh" else torch.relu
     xp, h, w = xp.double(), h0.double(), w_hh.double()
+    given = None if act_grad_from is None else act_grad_from.detach().double()
     ys = []
     for t in range(xp.shape[0]):
-        new = act(xp[t] + h @ w.t())
+        pre = xp[t] + h @ w.t()
+        new = act(pre) if given is None else _ActivationWithGivenOutput.apply(pre, given[t], nonlinearity)
         if lengths is not None:
             alive = (t < lengths).to(xp.device).unsqueeze(1)
             new = torch.where(alive, new, h)

@@ -132,6 +132,11 @@ def test_empty(device):
     assert grad_w.shape == (4, 4) and (grad_w == 0).all()
 
 
+def other_device(t):
+    """`t` on the other of cpu and cuda."""
+    return t.cpu() if t.is_cuda else t.cuda()
+
+
 # (what to change in the good arguments, the expected error, its message)
 BAD_FORWARD_ARGS = [
     ({"xp": lambda a: a[0]}, RuntimeError, r"prnn::forward: xp must be 3-D \[steps, batch, hidden\], got 2-D"),
@@ -142,8 +147,9 @@ BAD_FORWARD_ARGS = [
     ({"xp": lambda a: a.long()}, RuntimeError, r"prnn::forward: xp must be float32, float64, float16 or bfloat16, got Long"),
     ({"h0": lambda a: a.double()}, RuntimeError, r"prnn::forward: h0 must have the dtype of xp \(Float\), got Double"),
     ({"w_hh": lambda a: a.half()}, RuntimeError, r"prnn::forward: w_hh must have the dtype of xp \(Float\), got Half"),
-    # A CUDA argument sends the call to the CUDA impl, which must notice the CPU ones.
-    pytest.param({"h0": lambda a: a.cuda()}, RuntimeError, r"prnn::forward: h0 must be on the device of xp \(cpu\), got cuda:0", marks=needs_cuda),
+    # A CUDA argument sends a CPU call to the CUDA impl, which must notice the CPU ones.
+    pytest.param({"h0": other_device}, RuntimeError, r"prnn::forward: h0 must be on the device of xp \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
+    pytest.param({"w_hh": other_device}, RuntimeError, r"prnn::forward: w_hh must be on the device of xp \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
     ({"lengths": lambda a: torch.tensor([4, 5, 1])}, RuntimeError, r"prnn::forward: lengths must be in \[0, steps=4\], got values in \[1, 5\]"),
     ({"lengths": lambda a: torch.tensor([4, -1, 1])}, RuntimeError, r"prnn::forward: lengths must be in \[0, steps=4\], got values in \[-1, 4\]"),
     ({"lengths": lambda a: torch.tensor([4, 2, 1], dtype=torch.int32)}, RuntimeError, r"prnn::forward: lengths must be int64, got Int"),
@@ -153,30 +159,55 @@ BAD_FORWARD_ARGS = [
 ]
 
 
+@pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("change,error,message", BAD_FORWARD_ARGS)
-def test_bad_forward_args(change, error, message):
-    good = dict(zip(("xp", "h0", "w_hh"), make_op_inputs(4, 3, 5, torch.float32)))
+def test_bad_forward_args(device, change, error, message):
+    good = dict(zip(("xp", "h0", "w_hh"), make_op_inputs(4, 3, 5, torch.float32, device)))
     good.update(lengths=torch.tensor([4, 2, 1]), nonlinearity="tanh")
     bad = {k: change[k](v) if k in change else v for k, v in good.items()}
     with pytest.raises(error, match=message):
         forward(*bad.values())
     y = forward(*good.values())  # still works
     assert_close(y, reference_forward(*list(good.values())[:4]), torch.float32)
+    if device == "cuda":
+        torch.cuda.synchronize()  # an error the bad call left in the context surfaces here
 
 
-def test_bad_backward_args():
-    xp, h0, w = make_op_inputs(4, 3, 5, torch.float32)
-    y = forward(xp, h0, w, None, "tanh")
-    with pytest.raises(RuntimeError, match=r"prnn::backward: grad_y must have the shape of y \[4, 3, 5\], got \[4, 3, 4\]"):
-        backward(y[..., :4], y, h0, w, None, "tanh")
-    with pytest.raises(RuntimeError, match=r"prnn::backward: grad_y must have the dtype of y \(Float\), got Double"):
-        backward(y.double(), y, h0, w, None, "tanh")
-    with pytest.raises(RuntimeError, match=r"prnn::backward: h0 must have shape \[batch=3, hidden=5\]"):
-        backward(y, y, h0[:1], w, None, "tanh")
-    with pytest.raises(ValueError, match=r"prnn::backward: nonlinearity must be 'tanh' or 'relu'"):
-        backward(y, y, h0, w, None, "TANH")
-    grads = backward(torch.ones_like(y), y, h0, w, None, "tanh")
-    assert [g.shape for g in grads] == [y.shape, h0.shape, w.shape]
+BAD_BACKWARD_ARGS = [
+    ({"grad_y": lambda a: a[..., :4]}, RuntimeError, r"prnn::backward: grad_y must have the shape of y \[4, 3, 5\], got \[4, 3, 4\]"),
+    ({"grad_y": lambda a: a.double()}, RuntimeError, r"prnn::backward: grad_y must have the dtype of y \(Float\), got Double"),
+    pytest.param({"grad_y": other_device}, RuntimeError, r"prnn::backward: grad_y must be on the device of y \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
+    ({"y": lambda a: a[0]}, RuntimeError, r"prnn::backward: y must be 3-D \[steps, batch, hidden\], got 2-D"),
+    ({"y": lambda a: a.long()}, RuntimeError, r"prnn::backward: y must be float32, float64, float16 or bfloat16, got Long"),
+    ({"h0": lambda a: a[:1]}, RuntimeError, r"prnn::backward: h0 must have shape \[batch=3, hidden=5\], got \[1, 5\]"),
+    pytest.param({"h0": other_device}, RuntimeError, r"prnn::backward: h0 must be on the device of y \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
+    ({"w_hh": lambda a: a.half()}, RuntimeError, r"prnn::backward: w_hh must have the dtype of y \(Float\), got Half"),
+    ({"lengths": lambda a: torch.tensor([4, 5, 1])}, RuntimeError, r"prnn::backward: lengths must be in \[0, steps=4\], got values in \[1, 5\]"),
+    ({"lengths": lambda a: torch.tensor([-3, 2, 1])}, RuntimeError, r"prnn::backward: lengths must be in \[0, steps=4\], got values in \[-3, 2\]"),
+    ({"lengths": lambda a: torch.tensor([4, 2, 1], dtype=torch.int32)}, RuntimeError, r"prnn::backward: lengths must be int64, got Int"),
+    ({"lengths": lambda a: torch.tensor([[4, 2, 1]])}, RuntimeError, r"prnn::backward: lengths must have shape \[batch=3\], got \[1, 3\]"),
+    pytest.param({"lengths": lambda a: torch.tensor([4, 2, 1], device="cuda")}, RuntimeError, r"prnn::backward: lengths must be a CPU tensor .*, got one on cuda:0", marks=needs_cuda),
+    ({"nonlinearity": lambda a: "TANH"}, ValueError, r"prnn::backward: nonlinearity must be 'tanh' or 'relu', got 'TANH'"),
+]
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("change,error,message", BAD_BACKWARD_ARGS)
+def test_bad_backward_args(device, change, error, message):
+    xp, h0, w = make_op_inputs(4, 3, 5, torch.float32, device)
+    lengths = torch.tensor([4, 2, 1])
+    y = forward(xp, h0, w, lengths, "tanh")
+    good = dict(grad_y=torch.randn_like(y), y=y, h0=h0, w_hh=w, lengths=lengths, nonlinearity="tanh")
+    bad = {k: change[k](v) if k in change else v for k, v in good.items()}
+    with pytest.raises(error, match=message):
+        backward(*bad.values())
+    grads = backward(*good.values())  # still works
+    leaves = [t.double().requires_grad_() for t in (xp, h0, w)]
+    expected = torch.autograd.grad(reference_forward(*leaves, lengths), leaves, good["grad_y"].double())
+    for name, g, ref in zip(("grad_xp", "grad_h0", "grad_w_hh"), grads, expected):
+        assert_close(g, ref, torch.float32, name)
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def test_plan_cpu():
@@ -216,6 +247,6 @@ def test_no_cuda_build():
 @needs_cuda
 def test_plan_cuda():
     plan = torch_prnn.plan(256, batch=4, steps=64, dtype=torch.bfloat16, device="cuda")
-    assert plan["tier"] in ("persistent_registers", "persistent_shared", "stepwise")
+    assert plan["tier"] in ("persistent_registers", "persistent_shared", "persistent_cluster", "stepwise")
     assert plan["grid"] >= 1 and plan["block"] >= 1
     assert torch_prnn.plan(256, device=torch.device("cuda", 0)) == torch_prnn.plan(256, device="cuda")
