@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test gputest bench quick diag lab profile sanitize (default: build test bench)
+#   stages: build test gputest bench quick diag lab profile sanitize demo firstcall (default: build test bench)
 #
 # Logs and results go to $OUT (the device tool's return folder) or build/device/.
 set -uo pipefail
@@ -16,6 +16,8 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 # statically into the extension, and a TORCH_CHECK message then segfaults in it;
 # the system compiler does not.
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+# NVLink multicast stays off on the lent machines (device tool, KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stages=${*:-build test bench}
 status=0
 summary=()
@@ -39,8 +41,8 @@ for s in $stages; do
       stage build python3 setup.py build_ext --inplace || { tail -40 "$OUT/build.log"; break; }
       stage floor nvcc -O3 -std=c++17 -arch=sm_90 bench/floor.cu -o build/floor ;;
     test)
-      stage test python3 -m pytest -q -x -rs --durations=15 tests
-      tail -30 "$OUT/test.log" ;;
+      stage test python3 -m pytest -q -rfs --tb=short --durations=15 tests
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/test.log" | tail -60 ;;
     gputest)
       stage gputest python3 -m pytest -q -rs --durations=10 tests/test_gpu_kernels.py
       tail -30 "$OUT/gputest.log" ;;
@@ -65,9 +67,16 @@ for s in $stages; do
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"
       tail -20 "$OUT/quick.log" ;;
-    sanitize)
-      for tool in memcheck racecheck synccheck; do
-        stage "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 python3 bench/sanitize_cases.py
+    demo)
+      stage demo python3 -m torch_prnn.demo
+      tail -8 "$OUT/demo.log" ;;
+    firstcall)
+      stage firstcall python3 bench/first_call.py --out "$OUT"
+      tail -14 "$OUT/firstcall.log" ;;
+    sanitize) # SANITIZE_TOOLS narrows the tools, SANITIZE_TIERS the cases
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+        stage "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 python3 bench/sanitize_cases.py \
+          ${SANITIZE_TIERS:-}
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= [A-Z]" "$OUT/$tool.log" | tail -3
       done ;;
     *) echo "unknown stage $s"; status=1 ;;

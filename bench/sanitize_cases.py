@@ -1,8 +1,12 @@
 """Forward and backward of every kernel family for compute-sanitizer (memcheck,
 racecheck, synccheck): small T, shapes up to the on-chip limits.
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_cases.py
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_cases.py [tier ...]
+
+With tier names (e.g. persistent_cluster) only the cases planned on those tiers run.
 """
+import sys
+
 import torch
 
 import torch_prnn
@@ -21,6 +25,9 @@ CASES = [  # (T, B, H, dtype, with lengths)
 ]
 
 for T, B, H, dtype, with_lengths in CASES:
+    tier = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda")["tier"]
+    if len(sys.argv) > 1 and tier not in sys.argv[1:]:
+        continue
     xp = torch.randn(T, B, H, device="cuda", dtype=dtype)
     h0 = torch.randn(B, H, device="cuda", dtype=dtype)
     w = (torch.rand(H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
@@ -28,5 +35,4 @@ for T, B, H, dtype, with_lengths in CASES:
     y = torch.ops.prnn.forward(xp, h0, w, lengths, "tanh")
     grads = torch.ops.prnn.backward(torch.randn_like(y), y, h0, w, lengths, "tanh")
     torch.cuda.synchronize()
-    tier = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda")["tier"]
     print(f"T={T} B={B} H={H} {dtype} lengths={with_lengths} tier={tier}: finite={bool(torch.isfinite(y).all())}")
