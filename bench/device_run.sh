@@ -4,11 +4,14 @@
 #   bash bench/device_run.sh [stages...]
 #   stages: build test gputest bench quick diag lab profile sanitize demo firstcall (default: build test bench)
 #
-# Logs and results go to $OUT (the device tool's return folder) or build/device/.
+# Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
+# the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
+# device tool returns only a few files per call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/device}
-mkdir -p "$OUT" build
+LOG=$OUT/logs
+mkdir -p "$OUT" "$LOG" build
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # One architecture here keeps the build short; setup.py's default builds sm_80/86/89/90+PTX.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
@@ -25,7 +28,7 @@ summary=()
 stage() { # name, command...
   local name=$1; shift
   local t0=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
+  "$@" >"$LOG/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-9s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
   [ $rc -eq 0 ] || status=1
@@ -38,51 +41,52 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 for s in $stages; do
   case $s in
     build)
-      stage build python3 setup.py build_ext --inplace || { tail -40 "$OUT/build.log"; break; }
+      stage build python3 setup.py build_ext --inplace || { tail -40 "$LOG/build.log"; break; }
       stage floor nvcc -O3 -std=c++17 -arch=sm_90 bench/floor.cu -o build/floor ;;
     test)
       stage test python3 -m pytest -q -rfs --tb=short --durations=15 tests
-      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/test.log" | tail -60 ;;
+      grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/test.log" | tail -60 ;;
     gputest)
       stage gputest python3 -m pytest -q -rs --durations=10 tests/test_gpu_kernels.py
-      tail -30 "$OUT/gputest.log" ;;
+      tail -30 "$LOG/gputest.log" ;;
     bench)
       stage bench python3 bench/bench.py --floor build/floor --out "$OUT"
-      tail -115 "$OUT/bench.log" ;;
+      tail -115 "$LOG/bench.log" ;;
     diag)
       stage diag python3 bench/bench.py --diag
-      cat "$OUT/diag.log" ;;
+      cat "$LOG/diag.log" ;;
     lab) # the cluster kernel alone, with each stage taken out in turn (PRNN_CLUSTER_ABLATE)
       for a in 0 1 2 4; do
         nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_CLUSTER_ABLATE=$a bench/cluster_lab.cu \
           -o build/clab$a &
       done
       wait
-      for a in 0 1 2 4; do stage lab$a build/clab$a ablate$a; cat "$OUT/lab$a.log"; done ;;
+      for a in 0 1 2 4; do stage lab$a build/clab$a ablate$a; cat "$LOG/lab$a.log"; done ;;
     profile)
       stage profile ncu --clock-control none --kernel-name regex:rnn_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
         python3 bench/profile_step.py ${PROFILE_DTYPE:-bfloat16} 4
-      grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$OUT/profile.log" | head -60 ;;
+      grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$LOG/profile.log" | head -60 ;;
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"
-      tail -20 "$OUT/quick.log" ;;
+      tail -20 "$LOG/quick.log" ;;
     demo)
       stage demo python3 -m torch_prnn.demo
-      tail -8 "$OUT/demo.log" ;;
+      tail -8 "$LOG/demo.log" ;;
     firstcall)
       stage firstcall python3 bench/first_call.py --out "$OUT"
-      tail -14 "$OUT/firstcall.log" ;;
+      tail -14 "$LOG/firstcall.log" ;;
     sanitize) # SANITIZE_TOOLS narrows the tools, SANITIZE_TIERS the cases
       for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
         stage "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 python3 bench/sanitize_cases.py \
           ${SANITIZE_TIERS:-}
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= [A-Z]" "$OUT/$tool.log" | tail -3
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= [A-Z]" "$LOG/$tool.log" | tail -3
       done ;;
     *) echo "unknown stage $s"; status=1 ;;
   esac
 done
 
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -r "$LOG"
 echo
 printf '%s\n' "${summary[@]}"
 exit $status
