@@ -7,31 +7,17 @@
  *   build/clab0 <label>
  * Prints {"label", "hidden", "batch", "us_per_step"} lines, bfloat16.
  */
-#include <algorithm>
 #include <cstdio>
-#include <vector>
 
 #include "cluster.cuh"
 
-#include "cuda_check.h"
+#include "lab_common.h"
 
 using namespace prnn;
 
 template <int KT>
 static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *h0, void *out) {
-  RecurrenceParams p = {};
-  p.steps = steps;
-  p.batch = batch;
-  p.hidden = hidden;
-  p.a = a;
-  p.a_stride_row = hidden;
-  p.a_stride_col = 1;
-  p.in = in;
-  p.in_stride_t = (int64_t)batch * hidden;
-  p.in_stride_b = hidden;
-  p.h0 = h0;
-  p.h0_stride_b = hidden;
-  p.out = out;
+  const RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
   void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT>;
   const int smem = cluster_smem_bytes(128 * KT);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -47,21 +33,7 @@ static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *
   cfg.dynamicSmemBytes = smem;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  std::vector<float> times;
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  for (int rep = 0; rep < 9; ++rep) {
-    CHECK(cudaEventRecord(t0));
-    CHECK(cudaLaunchKernelEx(&cfg, fn, p));
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    if (rep >= 2) times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
 }
 
 template <int KT>

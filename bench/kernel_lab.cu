@@ -7,54 +7,26 @@
  *   build/lab <label>
  * Prints {"label", "dtype", "batch", "hidden", "us_per_step"} lines (slope over T = 64 and 1024).
  */
-#include <algorithm>
-#include <vector>
-
 #include "persistent.cuh"
 
-#include "cuda_check.h"
+#include "lab_common.h"
 
 using namespace prnn;
 
 template <typename E, int R, int KL, int RREG, int MAXT>
 static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *h0, void *out, void *xchg) {
   const int block = (hidden + 32 * KL - 1) / (32 * KL) * 32, grid = (hidden + R - 1) / R;
-  RecurrenceParams p = {};
-  p.steps = steps;
-  p.batch = batch;
-  p.hidden = hidden;
+  RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
   p.hidden_padded = block * KL;
-  p.a = a;
-  p.a_stride_row = hidden;
-  p.a_stride_col = 1;
-  p.in = in;
-  p.in_stride_t = (int64_t)batch * hidden;
-  p.in_stride_b = hidden;
-  p.h0 = h0;
-  p.h0_stride_b = hidden;
-  p.out = out;
   p.xchg = (unsigned long long *)xchg;
   const size_t xbytes = 2 * (size_t)batch * (p.hidden_padded / Pack<E>::value) * 8;
   const int smem = 2 * (block / 32) * (R >= 32 ? R : 32) * 4 + (R - RREG) * p.hidden_padded * (int)sizeof(E);
   void (*fn)(RecurrenceParams) = persistent_rnn_kernel<E, R, KL, RREG, MAXT>;
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   void *args[] = {&p};
-  std::vector<float> times;
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  for (int rep = 0; rep < 7; ++rep) {
-    CHECK(cudaMemset(xchg, 0, xbytes));
-    CHECK(cudaEventRecord(t0));
-    CHECK(cudaLaunchCooperativeKernel((const void *)fn, grid, block, args, smem, 0));
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    if (rep >= 2) times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median_launch_ms(
+      7, [&] { CHECK(cudaMemset(xchg, 0, xbytes)); },
+      [&] { CHECK(cudaLaunchCooperativeKernel((const void *)fn, grid, block, args, smem, 0)); });
 }
 
 template <typename E, int R, int KL, int RREG, int MAXT>
