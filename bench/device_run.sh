@@ -44,7 +44,7 @@ for s in $stages; do
       stage build python3 setup.py build_ext --inplace || { tail -40 "$LOG/build.log"; break; }
       stage floor nvcc -O3 -std=c++17 -arch=sm_90 bench/floor.cu -o build/floor ;;
     test)
-      stage test python3 -m pytest -q -rfs --tb=short --durations=15 tests
+      stage test python3 -m pytest -q -rfs --tb=short --durations=15 --junitxml "$LOG/test.xml" -o junit_family=xunit1 tests
       grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/test.log" | tail -60 ;;
     gputest)
       stage gputest python3 -m pytest -q -rs --durations=10 tests/test_gpu_kernels.py

@@ -800,9 +800,10 @@ def run_case(case):
 # The hang guard: the budget, and room for a slow case after it.
 @pytest.mark.hang_guard(float(os.environ.get("PRNN_FUZZ_SECONDS", "20")) + 300)
 @pytest.mark.parametrize("device", DEVICES)
-def test_fuzz(device):
+def test_fuzz(device, record_property):
     """Random problems against the float64 reference within a wall-time budget;
-    each case is reproducible from its printed seed."""
+    each case is reproducible from its printed seed. The count also goes to
+    the junit XML (`fuzz_cases`), where a passing run keeps it."""
     budget = float(os.environ.get("PRNN_FUZZ_SECONDS", "20" if device == "cuda" else "8"))
     replay = os.environ.get("PRNN_FUZZ_REPLAY")
     seeds = [int(replay)] if replay else range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES)
@@ -821,6 +822,7 @@ def test_fuzz(device):
                 f"tests/test_reliability.py -k 'fuzz and {device}'"
             ) from error
         ran += 1
+    record_property("fuzz_cases", ran)
     print(
         f"fuzz[{device}]: {ran} cases passed in {time.monotonic() - start:.1f} s "
         f"(seeds {seeds[0]}..{seeds[0] + ran - 1}; PRNN_FUZZ_SECONDS={budget:g}, PRNN_FUZZ_CASES={FUZZ_CASES})"
