@@ -68,6 +68,15 @@ def _hang_guard(request):
         faulthandler.cancel_dump_traceback_later()
 
 
+def poison_allocator(device, dtype, *shapes):
+    """Leave NaN-filled blocks of the outputs' sizes in the CUDA caching
+    allocator, so an output element a kernel fails to write shows up as NaN
+    (a no-op on the CPU, whose allocator does not cache)."""
+    if torch.device(device).type == "cuda":
+        blocks = [torch.full(s, float("nan"), dtype=dtype, device=device) for s in shapes]
+        del blocks
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double().to(out.device)  # the reference may live on the CPU
     assert torch.isfinite(out).all(), "non-finite values"

@@ -5,10 +5,9 @@ import pytest
 import torch
 
 import torch_prnn
-from conftest import assert_close, devices, make_op_inputs, reference_forward
+from conftest import assert_close, devices, make_op_inputs, needs_cuda, reference_forward
 
 forward, backward = torch.ops.prnn.forward, torch.ops.prnn.backward
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def random_lengths(T, B):

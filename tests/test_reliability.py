@@ -24,7 +24,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from conftest import assert_close, make_op_inputs, needs_cuda, reference_forward, twins
+from conftest import assert_close, make_op_inputs, needs_cuda, poison_allocator, reference_forward, twins
 from test_module import as_reference, check_parity
 
 forward, backward = torch.ops.prnn.forward, torch.ops.prnn.backward
@@ -695,14 +695,6 @@ def _like(t, layout):
     return _place(tuple(t.shape), t.dtype, t.device, layout, lambda s: t.detach().reshape(s))[0]
 
 
-def _poison_allocator(device, dtype, *shapes):
-    """NaN-filled blocks of the outputs' sizes back in the caching allocator:
-    an output element the kernel fails to write shows up as NaN."""
-    if device == "cuda":
-        blocks = [torch.full(s, NAN, dtype=dtype, device=device) for s in shapes]
-        del blocks
-
-
 def _recurrent_weights(shape):
     """uniform(-1, 1) / sqrt(H), as nn.RNN draws them. Below H = 16 such a
     matrix has spectral radius >= 0.95 in a few percent of draws (up to 1.3):
@@ -733,7 +725,7 @@ def run_op_case(c):
             lengths = torch.stack([lengths, torch.full_like(lengths, -7)], 1).flatten()[::2]
     snapshots = {name: buf.clone() for name, (_, buf) in placed.items()}
     xp, h0, w = (placed[n][0] for n in ("xp", "h0", "w_hh"))
-    _poison_allocator(c.device, c.dtype, (T, B, H), (B, H), (H, H))
+    poison_allocator(c.device, c.dtype, (T, B, H), (B, H), (H, H))
     grads = None
     if c.path == "forward":
         with torch.no_grad():

@@ -15,9 +15,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import torch_prnn
-from conftest import TOL, assert_close, devices, make_op_inputs, reference_forward, rel_err, twins
+from conftest import TOL, assert_close, devices, make_op_inputs, needs_cuda, reference_forward, rel_err, twins
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 forward = torch.ops.prnn.forward
 
 
