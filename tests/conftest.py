@@ -4,6 +4,7 @@ relative errors, nn.RNN twins of PersistentRNN modules, and the hang guard."""
 import faulthandler
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -66,6 +67,27 @@ def _hang_guard(request):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def run_threads(target, args_list, timeout):
+    """target(*args) in one thread per entry of args_list, all at once; fails
+    if a thread is still running after `timeout` s or any raised (with the
+    arguments and errors)."""
+    errors = []
+
+    def guarded(*args):
+        try:
+            target(*args)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append((args, error))
+
+    threads = [threading.Thread(target=guarded, args=args, daemon=True) for args in args_list]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors
 
 
 def poison_allocator(device, dtype, *shapes):

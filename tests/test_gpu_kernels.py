@@ -1,14 +1,12 @@
 """GPU kernels through the ops: parity with a float64 reference across tiers,
 dtypes, activations, odd sizes, lengths and layouts; capture in CUDA graphs;
 concurrent streams. Skipped without CUDA."""
-import threading
-
 import pytest
 import torch
 
 import conftest
 import torch_prnn  # noqa: F401  (registers the ops)
-from conftest import poison_allocator, reference_forward, rel_err
+from conftest import poison_allocator, reference_forward, rel_err, run_threads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -230,27 +228,16 @@ def test_beside_a_long_running_kernel():
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_many_threads_share_the_op():
     problems = [make_problem(32, 1 + i % 4, 256, torch.float32, seed=40 + i) for i in range(8)]
-    errors = []
 
-    def worker(prob):
-        try:
-            xp, h0, w, _ = prob
-            with torch.cuda.stream(torch.cuda.Stream()):
-                for _ in range(10):
-                    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
-                torch.cuda.current_stream().synchronize()
-            ref = reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")
-            assert rel_err(y, ref) < 1e-5
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def worker(xp, h0, w, _):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(10):
+                y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+            torch.cuda.current_stream().synchronize()
+        ref = reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")
+        assert rel_err(y, ref) < 1e-5
 
-    threads = [threading.Thread(target=worker, args=(p,)) for p in problems]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors
+    run_threads(worker, problems, timeout=120)
 
 
 def test_bitwise_deterministic():

@@ -24,7 +24,9 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from conftest import assert_close, make_op_inputs, needs_cuda, poison_allocator, reference_forward, twins
+from conftest import (
+    assert_close, make_op_inputs, needs_cuda, poison_allocator, reference_forward, run_threads, twins,
+)
 from test_module import as_reference, check_parity
 
 forward, backward = torch.ops.prnn.forward, torch.ops.prnn.backward
@@ -850,27 +852,17 @@ def test_inference_server_threads(dtype):
         expected = [[reference(x.double(), None if h is None else h.double()) for x, h in r] for r in requests]
     torch.cuda.synchronize()
     results = [[None] * calls for _ in range(threads_n)]
-    errors = []
     start = threading.Barrier(threads_n)
 
     def serve(i):
-        try:
-            stream = torch.cuda.Stream() if i % 2 == 0 else None  # None: the default stream
-            with torch.no_grad(), torch.cuda.stream(stream):  # grad mode is per thread
-                start.wait(timeout=60)
-                for j, (x, hx) in enumerate(requests[i]):
-                    results[i][j] = ours(x, hx)
-                torch.cuda.current_stream().synchronize()
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append((i, error))
+        stream = torch.cuda.Stream() if i % 2 == 0 else None  # None: the default stream
+        with torch.no_grad(), torch.cuda.stream(stream):  # grad mode is per thread
+            start.wait(timeout=60)
+            for j, (x, hx) in enumerate(requests[i]):
+                results[i][j] = ours(x, hx)
+            torch.cuda.current_stream().synchronize()
 
-    threads = [threading.Thread(target=serve, args=(i,), daemon=True) for i in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    assert not any(t.is_alive() for t in threads), "a serving thread hung"
-    assert not errors, errors
+    run_threads(serve, [(i,) for i in range(threads_n)], timeout=240)
     torch.cuda.synchronize()
     for i in range(threads_n):
         for j in range(calls):
