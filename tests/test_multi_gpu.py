@@ -241,7 +241,10 @@ def test_cuda_graph_on_second_gpu():
                 ours(static_x)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # torch.cuda.graph's default capture stream is made once, on whichever
+        # device is current at the process's first capture (cuda:0 when other
+        # tests ran first): capturing on cuda:1 needs a stream of cuda:1.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
             static_out, static_h = ours(static_x)
         for _ in range(3):
             fresh = torch.randn(32, 4, 16, device="cuda:1")
