@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test gputest bench quick diag lab profile sanitize demo firstcall (default: build test bench)
+#   stages: build test gputest bench quick diag lab profile sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
 # the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
@@ -76,11 +76,29 @@ for s in $stages; do
     firstcall)
       stage firstcall python3 bench/first_call.py --out "$OUT"
       tail -14 "$LOG/firstcall.log" ;;
-    sanitize) # SANITIZE_TOOLS narrows the tools, SANITIZE_TIERS the cases
+    sanitize) # SANITIZE_TOOLS narrows the tools, SANITIZE_TIERS the cases, SANITIZE_ARGS adds options
+      # synccheck tracks only a few mbarriers per CTA unless told more: the cluster
+      # kernel has 16 per CTA and runs clean with 8192 (bench/cluster_probe.cu
+      # reproduces the tool's failure with 16 and shows the limit). racecheck
+      # also reports cuBLAS's split-K GEMM (the weight gradient): the hazard
+      # lines are listed per kernel below.
       for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-        stage "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 python3 bench/sanitize_cases.py \
-          ${SANITIZE_TIERS:-}
+        tool_args=()
+        [ "$tool" = synccheck ] && tool_args=(--num-cuda-barriers 8192)
+        stage "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 "${tool_args[@]}" ${SANITIZE_ARGS:-} \
+          python3 bench/sanitize_cases.py ${SANITIZE_TIERS:-}
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|========= [A-Z]" "$LOG/$tool.log" | tail -3
+        grep -oE "(Race reported|Barrier error|Invalid).* at [A-Za-z_0-9]+" "$LOG/$tool.log" | sort | uniq -c | head
+      done ;;
+    probe) # synccheck on the cluster exchange in small (diagnostic: never fails the run)
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/cluster_probe.cu -o build/cluster_probe
+      for args in "3 8 4" "3 16 4" "16 16 6 late"; do
+        for n in 0 8192; do
+          compute-sanitizer --tool synccheck --num-cuda-barriers $n --error-exitcode 1 build/cluster_probe $args \
+            >"$LOG/probe_n$n.log" 2>&1 # the failure at n = 0 is the finding, not this script's
+          echo "synccheck --num-cuda-barriers $n, probe $args: $(grep -hE "^probe|overflow|ERROR SUMMARY" \
+            "$LOG/probe_n$n.log" | sed 's/=========//' | tr '\n' ' ')"
+        done
       done ;;
     *) echo "unknown stage $s"; status=1 ;;
   esac

@@ -33,6 +33,7 @@ for T, B, H, dtype, with_lengths in CASES:
     w = (torch.rand(H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
     lengths = torch.randint(0, T + 1, (B,)) if with_lengths else None
     y = torch.ops.prnn.forward(xp, h0, w, lengths, "tanh")
+    torch.cuda.synchronize()  # a failure here is the forward's, not the backward's
     grads = torch.ops.prnn.backward(torch.randn_like(y), y, h0, w, lengths, "tanh")
     torch.cuda.synchronize()
     print(f"T={T} B={B} H={H} {dtype} lengths={with_lengths} tier={tier}: finite={bool(torch.isfinite(y).all())}")
