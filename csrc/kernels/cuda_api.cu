@@ -25,7 +25,10 @@ struct DeviceInfo {
   int cooperative;         /* cooperative launches supported */
   int cluster;             /* thread-block cluster launches supported (sm_90+) */
 };
-DeviceInfo g_devices[kMaxDevices]; /* filled once per device; a racing fill writes the same values */
+/* Filled once per device: the fields first, then `ready` with a release store
+ * (read with acquire), so a reader that sees ready sees the fields; a racing
+ * fill writes the same values. */
+DeviceInfo g_devices[kMaxDevices];
 
 prnn_status_t cuda_fail(cudaError_t err, const char *what) {
   cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
@@ -37,7 +40,7 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
   if (device < 0 || device >= kMaxDevices)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d out of range [0, %d)", device, kMaxDevices);
   DeviceInfo *d = &g_devices[device];
-  if (!d->ready) {
+  if (!__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE)) {
     DeviceInfo fresh;
     cudaError_t err = cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device);
     if (err == cudaSuccess)
@@ -46,8 +49,11 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
       err = cudaDeviceGetAttribute(&fresh.cooperative, cudaDevAttrCooperativeLaunch, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.cluster, cudaDevAttrClusterLaunch, device);
     if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
-    fresh.ready = 1;
-    *d = fresh;
+    d->sms = fresh.sms;
+    d->smem_optin = fresh.smem_optin;
+    d->cooperative = fresh.cooperative;
+    d->cluster = fresh.cluster;
+    __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
   }
   *info = *d;
   return PRNN_STATUS_SUCCESS;
@@ -237,9 +243,11 @@ prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, Clust
   *config = NULL;
   prnn_status_t st = prnn_check_problem(pb);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (pb->steps > 0x7fffffff || pb->batch > 0x7fffffff)
-    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "steps and batch must be < 2^31, got steps=%lld batch=%lld",
-                     (long long)pb->steps, (long long)pb->batch);
+  /* Before any cache: the plan cache keys hold hidden in 32 bits. */
+  if (pb->steps > 0x7fffffff || pb->batch > 0x7fffffff || pb->hidden > 0x7fffffff)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
+                     "steps, batch and hidden must be < 2^31, got steps=%lld batch=%lld hidden=%lld",
+                     (long long)pb->steps, (long long)pb->batch, (long long)pb->hidden);
   DeviceInfo dev;
   st = device_info(device, &dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
@@ -317,6 +325,10 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void
   if (workspace_bytes < pl.workspace_bytes || (workspace == NULL && pl.workspace_bytes > 0))
     return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
                      workspace_bytes, workspace, pl.workspace_bytes);
+  /* The grid tier reads its exchange words 16 bytes at a time. */
+  if (pl.workspace_bytes > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
+                     PRNN_WORKSPACE_ALIGNMENT, workspace);
   if (cluster.config != NULL) return launch_cluster(cluster, params, stream);
   if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
   err = launch_stepwise(pb->dtype, params, workspace, stream);

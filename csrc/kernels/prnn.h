@@ -24,7 +24,8 @@
  *   - Every tensor argument has the problem's dtype; arithmetic accumulates in
  *     float32 (float64 for float64).
  *   - Nothing allocates: the caller passes a workspace of at least the size
- *     the plan query reports (its contents on entry do not matter).
+ *     the plan query reports (its contents on entry do not matter), aligned to
+ *     PRNN_WORKSPACE_ALIGNMENT bytes.
  *   - CPU entry points take host pointers; CUDA entry points take device
  *     pointers of the current device and run asynchronously on `stream`.
  */
@@ -33,6 +34,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Workspace alignment the entry points require (the CUDA grid tier reads it
+ * 16 bytes at a time). */
+#define PRNN_WORKSPACE_ALIGNMENT 16
 
 #ifdef __cplusplus
 extern "C" {

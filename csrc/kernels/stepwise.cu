@@ -40,7 +40,10 @@ __global__ void stepwise_rnn_kernel(const RecurrenceParams p, const E *a, E *sta
   const E *yfwd = static_cast<const E *>(p.y);
   E *out = static_cast<E *>(p.out);
 
-  for (int b0 = 0; b0 < B; b0 += BT) {
+  /* by tile index: b0 += BT would overflow for B near 2^31 */
+  const int tiles = (int)(((int64_t)B + BT - 1) / BT);
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int b0 = tile * BT;
     A acc[BT];
 #pragma unroll
     for (int bl = 0; bl < BT; ++bl) acc[bl] = A(0);
@@ -59,7 +62,7 @@ __global__ void stepwise_rnn_kernel(const RecurrenceParams p, const E *a, E *sta
 #pragma unroll
       for (int off = 16; off >= 1; off >>= 1) acc[bl] += __shfl_xor_sync(0xffffffffu, acc[bl], off);
 
-    const int b = b0 + lane;
+    const int b = b0 + (lane < BT ? lane : 0);
     if (lane < BT && b < B) {
       A mat = acc[0];
 #pragma unroll
