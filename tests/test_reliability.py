@@ -300,6 +300,92 @@ def test_packed_trailing_empty_steps(device):
     assert_still_works(ours, reference)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_packed_sequence(device):
+    """A hand-built PackedSequence with no rows (batch_sizes [0]): nn.RNN
+    returns an empty output and a [layers*directions, 0, hidden] h_n."""
+    ours, reference = twins(device, torch.float32, num_layers=2, bidirectional=True)
+    packed = PackedSequence(torch.randn(0, 4, device=device), torch.tensor([0]))
+    out, h_n = ours(packed)
+    ref_out, ref_h = reference.cpu()(as_reference(PackedSequence(packed.data.cpu(), packed.batch_sizes)))
+    assert out.data.shape == ref_out.data.shape == (0, 14)
+    assert h_n.shape == ref_h.shape == (4, 0, 7)
+    assert_still_works(ours, reference)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("where", ["hx", "lengths"])
+def test_argument_on_meta_device(device, where):
+    """A meta tensor beside real ones: the dispatcher routes the call to the
+    meta (fake) kernel, which must refuse it like the real kernels do, not
+    return an uninitialised tensor of the real device."""
+    ours, reference = twins(device, torch.float32, num_layers=2, bidirectional=True)
+    if where == "hx":
+        with pytest.raises(RuntimeError, match=r"^prnn::forward: h0 must be on the device of xp \(\w+(:0)?\), got meta"):
+            ours(torch.randn(5, 3, 4, device=device), torch.randn(4, 3, 7, device="meta"))
+    else:
+        xp, h0, w = make_op_inputs(4, 3, 7, torch.float32, device)
+        with pytest.raises(RuntimeError, match=r"^prnn::forward: lengths must be a CPU tensor .* got one on meta"):
+            forward(xp, h0, w, torch.tensor([4, 2, 9], device="meta"), "tanh")
+    assert_still_works(ours, reference)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["xp", "h0", "w_hh", "grad_y"])
+def test_op_none_for_a_tensor(device, name):
+    """None for a Tensor argument of the raw ops names the argument."""
+    xp, h0, w = make_op_inputs(4, 3, 7, torch.float32, device)
+    args = {"xp": xp, "h0": h0, "w_hh": w}
+    if name == "grad_y":
+        y = forward(xp, h0, w, None, "tanh")
+        with pytest.raises(RuntimeError, match=r"^prnn::backward: grad_y must be a tensor, got None"):
+            backward(None, y, h0, w, None, "tanh")
+    else:
+        args[name] = None
+        with pytest.raises(RuntimeError, match=rf"^prnn::forward: {name} must be a tensor, got None"):
+            forward(args["xp"], args["h0"], args["w_hh"], None, "tanh")
+    assert_close(forward(xp, h0, w, None, "tanh"), reference_forward(xp, h0, w), torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd", "grad", "jacrev", "vjp"])
+def test_func_autodiff_transforms_refused(device, transform):
+    """torch.func's autodiff transforms cannot see through the ops (their
+    autograd is registered with torch.library): jvp and jacfwd would return
+    zero tangents without a word. The module refuses them all."""
+    ours, reference = twins(device, torch.float64)
+    x = torch.randn(5, 3, 4, dtype=torch.float64, device=device)
+    calls = {
+        "jvp": lambda: torch.func.jvp(lambda a: ours(a)[0], (x,), (torch.randn_like(x),)),
+        "jacfwd": lambda: torch.func.jacfwd(lambda a: ours(a)[1].sum())(x),
+        "grad": lambda: torch.func.grad(lambda a: ours(a)[0].sum())(x),
+        "jacrev": lambda: torch.func.jacrev(lambda a: ours(a)[1].sum())(x),
+        "vjp": lambda: torch.func.vjp(lambda a: ours(a)[0], x),
+    }
+    with pytest.raises(RuntimeError, match="does not support torch.func's autodiff transforms"):
+        calls[transform]()
+    assert_still_works(ours, reference)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_over_inputs(device):
+    """torch.vmap (no autodiff) runs, with nn.RNN's values per sample."""
+    ours, reference = twins(device, torch.float64)
+    xs = torch.randn(2, 5, 3, 4, dtype=torch.float64, device=device)
+    out = torch.vmap(lambda a: ours(a)[0])(xs)
+    for i in range(2):
+        assert_close(out[i], reference(xs[i])[0], torch.float64, f"vmap sample {i}")
+
+
+def test_constructor_rejects_proj_size():
+    """nn.RNN's error for proj_size; its proj_size attribute (0) exists."""
+    with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM, not RNN or GRU"):
+        torch_prnn.PersistentRNN(4, 7, proj_size=0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'projection'"):
+        torch_prnn.PersistentRNN(4, 7, projection=2)
+    assert torch_prnn.PersistentRNN(4, 7).proj_size == torch.nn.RNN(4, 7).proj_size == 0
+
+
 # ---- NaN and Inf --------------------------------------------------------------
 
 
@@ -515,7 +601,8 @@ def test_too_many_steps_names_the_limit():
     xp = torch.randn(1, 1, 1, device="cuda", dtype=torch.bfloat16).expand(T, 1, 1)
     h0 = torch.randn(1, 1, device="cuda", dtype=torch.bfloat16)
     w = torch.full((1, 1), 0.5, device="cuda", dtype=torch.bfloat16)
-    message = f"prnn::forward: PRNN_STATUS_NOT_SUPPORTED: steps and batch must be < 2^31, got steps={T} batch=1"
+    message = (f"prnn::forward: PRNN_STATUS_NOT_SUPPORTED: steps, batch and hidden must be < 2^31, "
+               f"got steps={T} batch=1 hidden=1")
     try:
         with pytest.raises(NotImplementedError, match=re.escape(message)):
             forward(xp, h0, w, None, "tanh")

@@ -7,13 +7,35 @@ from torch import Tensor
 _TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster")
 
 
+def _check_devices(op, x_name, x, others, lengths):
+    """The real kernels' device checks, with their messages. The fake kernel is
+    also the meta kernel, which the dispatcher picks whenever any argument is
+    on the meta device: unchecked, a meta h0 beside a CPU xp would return an
+    uninitialised CPU tensor."""
+    for name, t in others:
+        torch._check(
+            t.device == x.device,
+            lambda: f"{op}: {name} must be on the device of {x_name} ({x.device}), got {t.device}",
+        )
+    if lengths is not None:
+        torch._check(
+            lengths.device.type == "cpu",
+            lambda: f"{op}: lengths must be a CPU tensor (like nn.RNN's batch_sizes), "
+            f"got one on {lengths.device}",
+        )
+
+
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
+    _check_devices("prnn::forward", "xp", xp, (("h0", h0), ("w_hh", w_hh)), lengths)
     return xp.new_empty(xp.shape)  # contiguous, like the real y
 
 
 @torch.library.register_fake("prnn::backward")
 def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity):
+    _check_devices(
+        "prnn::backward", "y", y, (("h0", h0), ("w_hh", w_hh), ("grad_y", grad_y)), lengths
+    )
     return y.new_empty(y.shape), h0.new_empty(h0.shape), w_hh.new_empty(w_hh.shape)
 
 

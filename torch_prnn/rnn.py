@@ -33,9 +33,16 @@ class PersistentRNN(nn.Module):
         bidirectional: bool = False,
         device=None,
         dtype=None,
+        **kwargs,
     ) -> None:
         super().__init__()
         # nn.RNN's checks, in its order and with its messages.
+        if "proj_size" in kwargs:
+            raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
+        if kwargs:
+            raise TypeError(
+                f"PersistentRNN.__init__() got an unexpected keyword argument '{next(iter(kwargs))}'"
+            )
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(
                 f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'."
@@ -83,6 +90,7 @@ class PersistentRNN(nn.Module):
         self.batch_first = batch_first
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
+        self.proj_size = 0  # nn.RNN has the attribute (always 0 for RNNs)
 
         factory_kwargs = {"device": device, "dtype": dtype}
         num_directions = 2 if bidirectional else 1
@@ -156,6 +164,7 @@ class PersistentRNN(nn.Module):
         return s.format(**self.__dict__)
 
     def forward(self, input, hx: Tensor | None = None):
+        _refuse_func_autodiff()
         num_directions = 2 if self.bidirectional else 1
         packed = isinstance(input, PackedSequence)
         if packed:
@@ -269,6 +278,24 @@ class PersistentRNN(nn.Module):
         return (_flip(y, flip) if reverse else y), h_n
 
 
+def _refuse_func_autodiff() -> None:
+    """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
+    jacfwd) do not see through ops whose autograd is registered with
+    torch.library: jvp and jacfwd would silently return zero tangents, the
+    others fail deep inside torch. Refuse them with a clear error; vmap and
+    torch.autograd work."""
+    if torch.compiler.is_compiling():
+        return
+    stack = torch._C._functorch.get_interpreter_stack()
+    autodiff = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    if stack and any(interpreter.key() in autodiff for interpreter in stack):
+        raise RuntimeError(
+            "PersistentRNN does not support torch.func's autodiff transforms (grad, vjp, "
+            "jacrev, hessian, jvp, jacfwd); use torch.autograd (loss.backward(), "
+            "torch.autograd.grad) instead. torch.vmap is supported."
+        )
+
+
 def _pad(data: Tensor, batch_sizes: Tensor):
     """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
     lengths [B] on the CPU, index of each packed row in the flattened padded
@@ -286,7 +313,7 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     lengths = valid.sum(0)
     rows = valid.flatten().nonzero().squeeze(1).to(data.device)
     padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
-    return padded.view(steps, batch, -1), lengths, rows
+    return padded.view(steps, batch, data.shape[-1]), lengths, rows
 
 
 def _time_indices(lengths: Tensor | None, steps: int, device):

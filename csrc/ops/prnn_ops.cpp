@@ -41,8 +41,14 @@ prnn_activation_t to_activation(const char* op, c10::string_view nonlinearity) {
   return nonlinearity == "tanh" ? PRNN_ACT_TANH : PRNN_ACT_RELU;
 }
 
+// A None passed for a Tensor argument arrives as an undefined tensor.
+void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor, got None");
+}
+
 void check_rank(const char* op, const char* name, const at::Tensor& t, int64_t rank,
                 const char* dims) {
+  check_defined(op, name, t);
   TORCH_CHECK(t.dim() == rank, op, ": ", name, " must be ", rank, "-D ", dims, ", got ", t.dim(),
               "-D ", t.sizes());
 }
@@ -183,6 +189,7 @@ prnn_problem_t check_backward(const at::Tensor& grad_y, const at::Tensor& y,
                               c10::string_view nonlinearity) {
   const char* op = "prnn::backward";
   const prnn_problem_t problem = check_problem(op, "y", y, h0, w_hh, lengths, nonlinearity);
+  check_defined(op, "grad_y", grad_y);
   check_like(op, "grad_y", grad_y, "y", y);
   TORCH_CHECK(grad_y.sizes() == y.sizes(), op, ": grad_y must have the shape of y ", y.sizes(),
               ", got ", grad_y.sizes());
