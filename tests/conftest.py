@@ -5,6 +5,7 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -84,8 +85,9 @@ def run_threads(target, args_list, timeout):
     threads = [threading.Thread(target=guarded, args=args, daemon=True) for args in args_list]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout  # one limit for all threads together
     for t in threads:
-        t.join(timeout=timeout)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors, errors
 
@@ -100,6 +102,7 @@ def poison_allocator(device, dtype, *shapes):
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"  # no broadcasting
     out, ref = out.double(), ref.double().to(out.device)  # the reference may live on the CPU
     assert torch.isfinite(out).all(), "non-finite values"
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()

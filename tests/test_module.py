@@ -71,7 +71,7 @@ OPTIONS = list(itertools.product([1, 3], [True, False], [False, True], [False, T
 
 
 @pytest.mark.parametrize("device", devices)
-@pytest.mark.parametrize("dtype", TESTED_DTYPES)
+@pytest.mark.parametrize("dtype", TESTED_DTYPES, ids=str)
 @pytest.mark.parametrize("num_layers,bias,batch_first,bidirectional,nonlinearity", OPTIONS)
 def test_options(device, dtype, num_layers, bias, batch_first, bidirectional, nonlinearity):
     ours, reference = twins(
@@ -86,7 +86,7 @@ def test_options(device, dtype, num_layers, bias, batch_first, bidirectional, no
 
 
 @pytest.mark.parametrize("device", devices)
-@pytest.mark.parametrize("dtype", TESTED_DTYPES)
+@pytest.mark.parametrize("dtype", TESTED_DTYPES, ids=str)
 @pytest.mark.parametrize("T,B,H", [(1, 1, 1), (5, 2, 7), (4, 3, 33), (3, 2, 129), (1, 4, 33), (7, 1, 7)])
 def test_sizes(device, dtype, T, B, H):
     ours, reference = twins(device, dtype, input_size=5, hidden_size=H, num_layers=2, bidirectional=True)
@@ -94,7 +94,7 @@ def test_sizes(device, dtype, T, B, H):
 
 
 @pytest.mark.parametrize("device", devices)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_reduced_precision(device, dtype):
     ours, reference = twins(device, dtype, input_size=8, hidden_size=33, num_layers=2, bidirectional=True)
     check_parity(ours, reference, make_input(32, 4, 8, False, dtype, device), None, dtype)
@@ -134,7 +134,7 @@ def test_unbatched(device, batch_first):
 
 
 @pytest.mark.parametrize("device", devices)
-@pytest.mark.parametrize("dtype", TESTED_DTYPES)
+@pytest.mark.parametrize("dtype", TESTED_DTYPES, ids=str)
 @pytest.mark.parametrize("enforce_sorted", [True, False])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_packed(device, dtype, enforce_sorted, bidirectional):
@@ -196,12 +196,26 @@ def test_zero_batch(device):
 
 def test_autocast_cpu():
     ours, reference = twins("cpu", torch.float32, num_layers=2)
-    theirs = reference.float()
+    theirs = copy.deepcopy(reference).float()
     x = torch.randn(6, 3, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         (o1, h1), (o2, h2) = ours(x), theirs(x)
     assert o1.dtype == o2.dtype == torch.bfloat16 and h1.dtype == h2.dtype == torch.bfloat16
-    assert_close(o1, ours(x)[0], torch.bfloat16)
+    ref_out, ref_h = reference(x.double())
+    assert_close(o1, ref_out, torch.bfloat16, "output")
+    assert_close(h1, ref_h, torch.bfloat16, "h_n")
+
+
+def test_autocast_leaves_float64_alone():
+    """Autocast's rule: float64 is not cast. A float64 module under
+    autocast(bfloat16) runs in float64 with float64 numbers, as nn.RNN does."""
+    ours, reference = twins("cpu", torch.float64, num_layers=2)
+    x = torch.randn(6, 3, 4, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (o1, h1), (o2, h2) = ours(x), reference(x)
+    assert o1.dtype == o2.dtype == torch.float64 and h1.dtype == h2.dtype == torch.float64
+    assert_close(o1, o2, torch.float64, "output")
+    assert_close(h1, h2, torch.float64, "h_n")
 
 
 # ---- the nn.RNN interface -------------------------------------------------

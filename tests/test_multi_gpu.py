@@ -97,7 +97,7 @@ def test_module_on_second_gpu(packed):
 
 @two_gpus
 @pytest.mark.hang_guard(120)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_op_on_second_gpu_from_first(dtype):
     """torch.ops.prnn.forward / backward on cuda:1 tensors while cuda:0 is current:
     right numbers, outputs on cuda:1, the current device left alone."""

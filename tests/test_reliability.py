@@ -481,7 +481,7 @@ def test_nan_past_lengths_is_never_read(device, dtype, nonlinearity):
 
 @pytest.mark.parametrize("device,dtype", OP_DEVICE_DTYPES)
 @pytest.mark.parametrize("which", ["xp", "h0", "w_hh", "grad_y", "y", "all"])
-@pytest.mark.parametrize("T,B,H", [(9, 3, 129), (4, 2, 1025)], ids=["H129", "H1025"])
+@pytest.mark.parametrize("T,B,H", [(9, 3, 129), (4, 2, 1025)], ids=["H129", "H1025-cuda-H65-cpu"])
 def test_misaligned_op_arguments(device, dtype, which, T, B, H):
     """Arguments whose data pointer is not 16-byte aligned (storage offset 1
     of a larger buffer), forward and backward, against the float64 loop."""
@@ -512,9 +512,10 @@ MODULE_LAYOUTS = ["misaligned", "every_other", "batch_first_transposed", "expand
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("layout", MODULE_LAYOUTS)
-@pytest.mark.parametrize("bidirectional", [False, True], ids=["1-layer", "2-layer-bidirectional"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["1-layer", "bidirectional"])
 def test_module_layouts(device, dtype, layout, bidirectional):
-    """Input, hx and the output's gradient in unusual storage: misaligned,
+    """Input, hx and the output's gradient in unusual storage (bidirectional:
+    two layers, one in bfloat16, see below): misaligned,
     every other element, batch_first views of time-major memory, stride-0
     expansions. Only the output is differentiated, so that its gradient
     reaches prnn::backward as given (through the last layer's slice of it):
