@@ -24,7 +24,7 @@
 
 using namespace prnn;
 
-const int kThreads = 256;
+const int kThreads = kClusterThreads; /* cluster_launch_config's block size */
 
 __global__ void probe_kernel(int bars, int rounds, int late, int *mismatches) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* the helpers exist for sm_90 only */
@@ -82,16 +82,8 @@ int main(int argc, char **argv) {
   int *mismatches, host = -1;
   CHECK(cudaMalloc(&mismatches, sizeof(int)));
   CHECK(cudaMemset(mismatches, 0, sizeof(int)));
-  cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = ctas;
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, smem, 0, &attr);
   CHECK(cudaLaunchKernelEx(&cfg, probe_kernel, bars, rounds, late, mismatches));
   CHECK(cudaMemcpy(&host, mismatches, sizeof(int), cudaMemcpyDeviceToHost));
   CHECK(cudaFree(mismatches));

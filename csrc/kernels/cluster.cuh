@@ -67,6 +67,25 @@ __host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
                                                                          : kClusterRows * (k_extent + 8) * 2;
 }
 
+/* The launch of `grid` CTAs of kClusterThreads threads in clusters of `ctas`
+ * (a launch attribute, so the size is chosen at run time); *attr must outlive
+ * the returned config. Shared by the library and the bench programs. */
+inline cudaLaunchConfig_t cluster_launch_config(int grid, int ctas, int smem_bytes, cudaStream_t stream,
+                                                cudaLaunchAttribute *attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = (size_t)smem_bytes;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = (unsigned)ctas;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 template <typename E> struct MmaOp;
 template <> struct MmaOp<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -175,22 +175,6 @@ struct ClusterLaunch {
   int smem_bytes;
 };
 
-cudaLaunchConfig_t cluster_launch_config(const ClusterLaunch &c, cudaLaunchAttribute *attr, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)c.grid);
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.dynamicSmemBytes = (size_t)c.smem_bytes;
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = (unsigned)c.ctas;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 /* Whether a cluster of `ctas` CTAs of a kernel can be resident on the device,
  * per (device, dtype, K extent, cluster size): 0 unknown, 1 yes, 2 no. */
 signed char g_cluster_fits[kMaxDevices][2][3][kClusterMaxCtas + 1];
@@ -223,9 +207,7 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
     if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(cluster_rnn_kernel)");
     cudaLaunchAttribute attr;
-    ClusterLaunch one = cand;
-    one.grid = ctas;
-    const cudaLaunchConfig_t cfg = cluster_launch_config(one, &attr, 0);
+    const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, cand.smem_bytes, 0, &attr); /* one cluster */
     int clusters = 0;
     err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
     if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveClusters");
@@ -304,7 +286,7 @@ prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, Re
 /* One launch of the cluster kernel: clusters are co-scheduled, so no cooperative launch. */
 prnn_status_t launch_cluster(const ClusterLaunch &c, const RecurrenceParams &params, cudaStream_t stream) {
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(c, &attr, stream);
+  const cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, c.config->kernel, params);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster_rnn_kernel)");
   return PRNN_STATUS_SUCCESS;
