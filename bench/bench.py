@@ -125,6 +125,15 @@ def diagnose():
                 ms[steps] = median_ms(lambda: torch.ops.prnn.forward(xp, h0, w, None, "tanh"), 15)
             slope = 1000 * (ms[1024] - ms[64]) / (1024 - 64)
             intercept = 1000 * ms[64] - 64 * slope
+            xp1 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+            one_step_us = 1000 * median_ms(lambda: torch.ops.prnn.forward(xp1, h0, w, None, "tanh"), 15)
+            bms = {}
+            for steps in (64, 1024):
+                gy = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+                y = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype).tanh()
+                bms[steps] = median_ms(lambda: torch.ops.prnn.backward(gy, y, h0, w, None, "tanh"), 15)
+            bslope = 1000 * (bms[1024] - bms[64]) / (1024 - 64)
+            bintercept = 1000 * bms[64] - 64 * bslope
             xp = torch.randn(256, batch, hidden, device="cuda", dtype=dtype)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -138,9 +147,40 @@ def diagnose():
                 replay, graph = graphed(lambda: ours(x))
                 graph_us = 1000 * median_ms(replay, 15) / 256
                 eager_us = 1000 * median_ms(lambda: ours(x), 15) / 256
+            params = list(ours.parameters())
+
+            def train_step():
+                torch.autograd.grad(ours(x)[0].float().sum(), params)
+
+            fb_eager_us = 1000 * median_ms(train_step, 15) / 256
+            replay, graph = graphed(train_step)
+            fb_graph_us = 1000 * median_ms(replay, 15) / 256
+            del graph
             print(f"diag {dtype_name:8s} B={batch:2d} H={hidden}: op slope {slope:6.3f} us/step, intercept "
-                  f"{intercept:7.1f} us; host {host_us:6.1f} us/call; module eager {eager_us:6.3f}, "
-                  f"graph {graph_us:6.3f} us/step", flush=True)
+                  f"{intercept:7.1f} us, T=1 {one_step_us:6.1f} us; host {host_us:6.1f} us/call; module eager "
+                  f"{eager_us:6.3f}, graph {graph_us:6.3f} us/step | backward op slope {bslope:6.3f}, intercept "
+                  f"{bintercept:7.1f} us; module fwd+bwd eager {fb_eager_us:6.3f}, graph {fb_graph_us:6.3f} us/step",
+                  flush=True)
+
+
+def profile_module_call(dtype_name="bfloat16", batch=4, hidden=1024, steps=256):
+    """The host side of one eager module forward (under no_grad): torch's
+    profiler, CPU time per op, to see what the GPU waits for before the
+    persistent kernel starts."""
+    from torch.profiler import ProfilerActivity, profile
+    ref, ours = models(hidden, DTYPES[dtype_name])
+    x = torch.randn(steps, batch, hidden, device="cuda", dtype=DTYPES[dtype_name])
+    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=DTYPES[dtype_name])
+    with torch.no_grad():
+        for _ in range(5):
+            ours(x, h0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                ours(x, h0)
+                torch.cuda.synchronize()
+    print(f"profile: module forward {dtype_name} B={batch} H={hidden} T={steps}, 20 calls")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=18, max_name_column_width=48))
 
 
 def run_floor(binary):
@@ -161,6 +201,7 @@ def main():
     args = ap.parse_args()
     if args.diag:
         diagnose()
+        profile_module_call()
         return
 
     props = torch.cuda.get_device_properties(0)

@@ -213,13 +213,57 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   {
     unsigned short *stage = reinterpret_cast<unsigned short *>(smem); /* [64][KEXT + 8]: padded rows, no bank conflicts */
     const E *A = static_cast<const E *>(p.a);
-    const bool k_fastest = p.a_stride_col == 1; /* forward: A rows are contiguous; backward: columns are */
-    for (int idx = tid; idx < kClusterRows * KEXT; idx += kClusterThreads) {
-      const int r = k_fastest ? idx / KEXT : idx % kClusterRows;
-      const int k = k_fastest ? idx % KEXT : idx / kClusterRows;
-      const int i = row0 + r;
-      stage[r * (KEXT + 8) + k] =
-          (i < H && k < H) ? (unsigned short)bits16(A[i * p.a_stride_row + k * p.a_stride_col]) : (unsigned short)0;
+    /* A goes in as 16-byte chunks of 8 elements along its contiguous dimension
+     * (k forward, rows backward), 8 chunks in flight per thread: one element
+     * per load was 256 dependent L2 round trips, ~30 us per call (NOTES.md). */
+    const bool k_fastest = p.a_stride_col == 1;
+    const int64_t line_stride = k_fastest ? p.a_stride_row : p.a_stride_col;
+    const bool wide = line_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0;
+    constexpr int CHUNK = 8, INFLIGHT = 8;
+    constexpr int ROUNDS = kClusterRows * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
+    static_assert(ROUNDS * CHUNK * kClusterThreads * INFLIGHT == kClusterRows * KEXT, "bad staging split");
+    /* chunk c: forward (row c / (KEXT/8), k 8 (c % (KEXT/8)) + j); backward (row 8 (c % 8) + j, k c / 8) */
+    auto chunk_origin = [&](int c, int &r, int &k) {
+      r = k_fastest ? c / (KEXT / CHUNK) : (c % (kClusterRows / CHUNK)) * CHUNK;
+      k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (kClusterRows / CHUNK);
+    };
+    for (int round = 0; round < ROUNDS; ++round) {
+      uint4 v[INFLIGHT];
+#pragma unroll
+      for (int u = 0; u < INFLIGHT; ++u) {
+        int r, k;
+        chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+        const int i = row0 + r;
+        const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
+        if (wide && last_i < H && last_k < H) {
+          v[u] = *reinterpret_cast<const uint4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
+        } else { /* an edge of A, or a layout 16-byte loads cannot read */
+          uint32_t w[CHUNK / 2];
+#pragma unroll
+          for (int j = 0; j < CHUNK; j += 2) {
+            uint32_t pair = 0;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int ii = k_fastest ? i : i + j + h, kk = k_fastest ? k + j + h : k;
+              if (ii < H && kk < H) pair |= bits16(A[ii * p.a_stride_row + kk * p.a_stride_col]) << (16 * h);
+            }
+            w[j / 2] = pair;
+          }
+          v[u] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < INFLIGHT; ++u) {
+        int r, k;
+        chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+        if (k_fastest) {
+          *reinterpret_cast<uint4 *>(stage + r * (KEXT + 8) + k) = v[u];
+        } else {
+          const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+          for (int j = 0; j < CHUNK; ++j) stage[(r + j) * (KEXT + 8) + k] = (unsigned short)(w[j / 2] >> (16 * (j & 1)));
+        }
+      }
     }
     __syncthreads();
     const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(stage);
@@ -239,11 +283,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   for (int i = tid; i < 2 * KEXT * kClusterSeqs / 8; i += kClusterThreads)
     reinterpret_cast<uint4 *>(state)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
-  if (!p.backward)
-    for (int i = tid; i < H * kClusterSeqs; i += kClusterThreads) {
-      const int k = i / kClusterSeqs, n = i % kClusterSeqs, b = seq0 + n;
-      if (b < B) state[i] = (unsigned short)bits16(h0[(size_t)b * p.h0_stride_b + k]);
+  if (!p.backward) {
+    /* sequence-major, so a warp's loads are contiguous; several in flight */
+    const int live = B - seq0 < kClusterSeqs ? B - seq0 : kClusterSeqs;
+#pragma unroll 8
+    for (int i = tid; i < live * H; i += kClusterThreads) {
+      const int n = i / H, k = i % H;
+      state[k * kClusterSeqs + n] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
     }
+  }
 
   /* This thread's outputs: o = tid + 256 i is (row r = o / 8, sequence n = o % 8). */
   int o_row[OPT], o_b[OPT], o_len[OPT];
