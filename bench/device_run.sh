@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test gputest bench quick diag lab profile sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench quick diag lab profile sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
 # the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
@@ -44,7 +44,8 @@ for s in $stages; do
       stage build python3 setup.py build_ext --inplace || { tail -40 "$LOG/build.log"; break; }
       stage floor nvcc -O3 -std=c++17 -arch=sm_90 bench/floor.cu -o build/floor ;;
     test)
-      stage test python3 -m pytest -q -rfs --tb=short --durations=15 --junitxml "$LOG/test.xml" -o junit_family=xunit1 tests
+      # TEST_ARGS narrows the run, e.g. TEST_ARGS='tests -k "not cpu"'
+      eval "stage test python3 -m pytest -q -rfs --tb=short --durations=15 --junitxml $LOG/test.xml -o junit_family=xunit1 ${TEST_ARGS:-tests}"
       grep -E "^(FAILED|ERROR)|passed|failed" "$LOG/test.log" | tail -60 ;;
     gputest)
       stage gputest python3 -m pytest -q -rs --durations=10 tests/test_gpu_kernels.py

@@ -10,12 +10,13 @@
  *
  * CTA c of a cluster owns rows [64c, 64c + 64) of A. Its 8 warps split K:
  * warp w holds the A fragments of its 4 m-tiles for k-tiles [w*KT, w*KT + KT).
- * Every CTA keeps the whole previous state s_{t-1}, [K][8 sequences] 16-bit,
+ * Every CTA keeps the whole previous state s_{t-1}, [8 sequences][K] 16-bit,
  * in its own shared memory. One step:
  *   ldmatrix s_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> warp partial sums
  *   to shared memory -> 256 threads sum the 8 warps, apply the activation and
  *   write out[t] -> the CTA's 64-row slice of s_t goes into every CTA's
- *   shared memory by st.async (distributed shared memory), each store
+ *   shared memory by st.async (distributed shared memory), 16 bytes (8 rows
+ *   of one sequence) a store and only the group's live sequences, each store
  *   counting its bytes down on an mbarrier of the receiver.
  * Each warp has its own mbarrier per state buffer, for the rows of its K
  * slice only, and starts its mma as soon as those rows are in: the exchange
@@ -55,12 +56,19 @@ struct ClusterConfig {
   PersistentKernel kernel;
 };
 
+/* Row pitches (16-bit elements) of the state ([8][K + 8]) and of the outgoing
+ * slice ([8][64 + 8]): 16 bytes of padding keep ldmatrix and the epilogue's
+ * stores free of bank conflicts and every row 16-byte aligned. */
+__host__ __device__ constexpr int cluster_state_pitch(int k_extent) { return k_extent + 8; }
+const int kClusterSlicePitch = kClusterRows + 8;
+
 /* Dynamic shared memory of the kernel for a K extent: while stepping, two
- * state buffers [K][8] 16-bit, the warps' partial sums [8][64][8] fp32 and the
- * outgoing slice [64][8] 16-bit; before, the same space stages A ([64][K + 8]). */
+ * state buffers [8][K + 8] 16-bit, the warps' partial sums [8][64][8] fp32,
+ * the outgoing slice [8][72] 16-bit and the mbarriers; before, the same space
+ * stages A ([64][K + 8]). */
 __host__ __device__ constexpr int cluster_step_smem(int k_extent) {
-  return 2 * k_extent * kClusterSeqs * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
-         kClusterRows * kClusterSeqs * 2 + 2 * kClusterWarps * 8;
+  return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
+         kClusterSeqs * kClusterSlicePitch * 2 + 2 * kClusterWarps * 8;
 }
 __host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
   return cluster_step_smem(k_extent) > kClusterRows * (k_extent + 8) * 2 ? cluster_step_smem(k_extent)
@@ -174,11 +182,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                                  uint32_t &r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
 #endif
 
 template <typename E, int KT>
@@ -186,6 +189,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int MT = kClusterRows / 16; /* m-tiles per CTA */
   constexpr int KEXT = kClusterWarps * KT * 16;
+  constexpr int SPITCH = cluster_state_pitch(KEXT);
   constexpr int OPT = kClusterRows * kClusterSeqs / kClusterThreads; /* outputs per thread */
   static_assert(KT % 2 == 0 && OPT * kClusterThreads == kClusterRows * kClusterSeqs, "bad cluster shape");
 
@@ -194,15 +198,16 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * kClusterRows;
   const int seq0 = (int)cluster_index() * kClusterSeqs;
+  const int live = B - seq0 < kClusterSeqs ? B - seq0 : kClusterSeqs; /* sequences of this group, >= 1 */
   E *out = static_cast<E *>(p.out);
   const E *in = static_cast<const E *>(p.in);
   const E *yfwd = static_cast<const E *>(p.y);
   const E *h0 = static_cast<const E *>(p.h0);
 
-  /* shared memory: state[2][KEXT][8] 16-bit, partial[8 warps][64 rows][8] fp32, slice[64][8] 16-bit */
+  /* shared memory: state[2][8][SPITCH] 16-bit, partial[8 warps][64 rows][8] fp32, slice[8][72] 16-bit */
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned short *state = reinterpret_cast<unsigned short *>(smem);
-  float *partial = reinterpret_cast<float *>(smem + 2 * KEXT * kClusterSeqs * 2);
+  float *partial = reinterpret_cast<float *>(smem + 2 * kClusterSeqs * SPITCH * 2);
   unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterRows * kClusterSeqs);
 
   /* A fragments (mma row-major 16x16): a[m][kt] = rows 16m + {g, g+8}, k = 16(w KT + kt) + {2q, 2q+8} (+1).
@@ -280,16 +285,14 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   }
 
   /* Both state buffers zero (padding rows stay zero), then s_{-1} = h0 (zero backward). */
-  for (int i = tid; i < 2 * KEXT * kClusterSeqs / 8; i += kClusterThreads)
+  for (int i = tid; i < 2 * kClusterSeqs * SPITCH / 8; i += kClusterThreads)
     reinterpret_cast<uint4 *>(state)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   if (!p.backward) {
-    /* sequence-major, so a warp's loads are contiguous; several in flight */
-    const int live = B - seq0 < kClusterSeqs ? B - seq0 : kClusterSeqs;
 #pragma unroll 8
     for (int i = tid; i < live * H; i += kClusterThreads) {
       const int n = i / H, k = i % H;
-      state[k * kClusterSeqs + n] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
+      state[n * SPITCH + k] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
     }
   }
 
@@ -320,26 +323,33 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 
   /* mbarriers [2 buffers][8 warps]; every CTA of the cluster has started and
    * initialised its state and barriers before any peer writes into them. */
-  uint64_t *bars = reinterpret_cast<uint64_t *>(slice + kClusterRows * kClusterSeqs);
+  uint64_t *bars = reinterpret_cast<uint64_t *>(slice + kClusterSeqs * kClusterSlicePitch);
   const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
   auto bar = [&](int buffer, int w) { return bar_base + 8u * (uint32_t)(buffer * kClusterWarps + w); };
   if (tid < 2 * kClusterWarps) mbarrier_init(bar_base + 8u * tid, 1);
   if (tid == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   cluster_arrive();
   cluster_wait();
-  /* This warp's K slice is state rows [16 KT warp, 16 KT (warp + 1)); rows past
-   * the cluster's C * 64 are never sent (they stay zero). */
+  /* This warp's K slice is state rows [16 KT warp, 16 KT (warp + 1)), of the
+   * live sequences; rows past the cluster's C * 64 and sequences past the
+   * group's live ones are never sent (they stay zero). */
   constexpr int WROWS = 16 * KT;
   const int sent_rows = (int)ctas * kClusterRows - warp * WROWS;
   const unsigned warp_bytes =
-      (unsigned)(sent_rows <= 0 ? 0 : (sent_rows < WROWS ? sent_rows : WROWS)) * kClusterSeqs * 2;
+      (unsigned)(sent_rows <= 0 ? 0 : (sent_rows < WROWS ? sent_rows : WROWS)) * (unsigned)live * 2;
+  /* The stores of a step: (peer, chunk) pairs, chunk = 8 rows of one live
+   * sequence (live * 8 per peer), spread over the threads; this thread's
+   * first pair and its stride, so the step needs no division. */
+  const int chunks = live * (kClusterRows / 8);
+  const int first_peer = tid / chunks, first_chunk = tid % chunks;
+  const int peer_stride = kClusterThreads / chunks, chunk_stride = kClusterThreads % chunks;
   const bool exchange = !(PRNN_CLUSTER_ABLATE & 2) && warp_bytes > 0;
 
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
   for (int s = 0; s < T; ++s) {
     const int t = p.backward ? T - 1 - s : s;
     const int cur = s & 1;
-    const unsigned short *prev = state + cur * KEXT * kClusterSeqs;
+    const unsigned short *prev = state + cur * kClusterSeqs * SPITCH;
     /* Arm this warp's barrier of the next buffer (its previous phase ended
      * before step s - 1), then wait for this step's rows (sent in step s - 1). */
     if (exchange && lane == 0 && s + 1 < T) mbarrier_expect_bytes(bar(1 - cur, warp), warp_bytes);
@@ -354,10 +364,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
 #pragma unroll
     for (int kt = 0; kt < KT && !(PRNN_CLUSTER_ABLATE & 1); kt += 2) {
-      /* lane l points at state row k0 + l: matrices 0..3 = k rows [k0, k0+8), [+8, +16), [+16, +24), [+24, +32) */
+      /* lane l points at sequence l % 8, columns k0 + 8 (l / 8): matrices 0..3 = k [k0, k0+8), [+8, +16), [+16, +24), [+24, +32) */
       const int k0 = (warp * KT + kt) * 16;
       uint32_t b0, b1, b2, b3;
-      ldmatrix_x4_trans(state_base + (uint32_t)((cur * KEXT + k0 + lane) * kClusterSeqs * 2), b0, b1, b2, b3);
+      ldmatrix_x4(state_base + (uint32_t)(((cur * kClusterSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2), b0,
+                  b1, b2, b3);
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
@@ -382,23 +393,31 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
       const bool active = o_valid[i] && t < o_len[i];
       /* past the length the state stays s_{t-1}: it is in this CTA's own buffer */
       const float frozen = (o_valid[i] && !active && !p.backward)
-                               ? from_bits<E>(prev[(size_t)o_row[i] * kClusterSeqs + o % kClusterSeqs])
+                               ? from_bits<E>(prev[(o % kClusterSeqs) * SPITCH + o_row[i]])
                                : 0.f;
       float st;
       o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, to_accum(o_in[i]), to_accum(o_y[i]), frozen, &st));
-      slice[o] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
+      slice[(o % kClusterSeqs) * kClusterSlicePitch + o / kClusterSeqs] =
+          o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
     }
     __syncthreads();
 
-    /* The slice (64 rows) into every CTA's next buffer; the last step's is not needed. */
+    /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
     if (s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) {
-      /* row r of the slice counts on the barrier of the peer's warp that reads it */
-      const int r = tid % kClusterRows;
-      const uint4 v = reinterpret_cast<const uint4 *>(slice)[r];
-      const uint32_t local = state_base + (uint32_t)(((1 - cur) * KEXT + row0 + r) * kClusterSeqs * 2);
-      const uint32_t row_bar = bar(1 - cur, (row0 + r) / WROWS);
-      for (unsigned peer = tid / kClusterRows; peer < ctas; peer += kClusterThreads / kClusterRows)
-        store_peer16_async(peer_address(local, peer), v, peer_address(row_bar, peer));
+      int peer = first_peer, chunk = first_chunk;
+      while (peer < (int)ctas) {
+        const int n = chunk >> 3, r = (chunk & 7) * 8; /* rows [r, r + 8) of sequence n */
+        const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * kClusterSlicePitch + r);
+        const uint32_t local = state_base + (uint32_t)((((1 - cur) * kClusterSeqs + n) * SPITCH + row0 + r) * 2);
+        /* counted on the barrier of the peer's warp that reads these rows */
+        store_peer16_async(peer_address(local, peer), v, peer_address(bar(1 - cur, (row0 + r) / WROWS), peer));
+        peer += peer_stride;
+        chunk += chunk_stride;
+        if (chunk >= chunks) {
+          chunk -= chunks;
+          ++peer;
+        }
+      }
     }
 #pragma unroll
     for (int i = 0; i < OPT; ++i)
