@@ -62,17 +62,20 @@ struct ClusterConfig {
 __host__ __device__ constexpr int cluster_state_pitch(int k_extent) { return k_extent + 8; }
 const int kClusterSlicePitch = kClusterRows + 8;
 
-/* Dynamic shared memory of the kernel for a K extent: while stepping, two
- * state buffers [8][K + 8] 16-bit, the warps' partial sums [8][64][8] fp32,
- * the outgoing slice [8][72] 16-bit and the mbarriers; before, the same space
- * stages A ([64][K + 8]). */
+/* Dynamic shared memory of the kernel for a K extent: first the mbarriers
+ * [2 buffers][8 warps], a space of their own (no other access ever touches
+ * them); then, while stepping, two state buffers [8][K + 8] 16-bit, the warps'
+ * partial sums [8][64][8] fp32 and the outgoing slice [8][72] 16-bit; before
+ * stepping, the same space stages A ([64][K + 8]). */
+const int kClusterBarBytes = 2 * kClusterWarps * 8;
 __host__ __device__ constexpr int cluster_step_smem(int k_extent) {
   return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
-         kClusterSeqs * kClusterSlicePitch * 2 + 2 * kClusterWarps * 8;
+         kClusterSeqs * kClusterSlicePitch * 2;
 }
+__host__ __device__ constexpr int cluster_stage_smem(int k_extent) { return kClusterRows * (k_extent + 8) * 2; }
 __host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
-  return cluster_step_smem(k_extent) > kClusterRows * (k_extent + 8) * 2 ? cluster_step_smem(k_extent)
-                                                                         : kClusterRows * (k_extent + 8) * 2;
+  return kClusterBarBytes + (cluster_step_smem(k_extent) > cluster_stage_smem(k_extent) ? cluster_step_smem(k_extent)
+                                                                                        : cluster_stage_smem(k_extent));
 }
 
 /* The launch of `grid` CTAs of kClusterThreads threads in clusters of `ctas`
@@ -204,10 +207,13 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const E *yfwd = static_cast<const E *>(p.y);
   const E *h0 = static_cast<const E *>(p.h0);
 
-  /* shared memory: state[2][8][SPITCH] 16-bit, partial[8 warps][64 rows][8] fp32, slice[8][72] 16-bit */
+  /* shared memory: bars[2][8] mbarriers, then state[2][8][SPITCH] 16-bit,
+   * partial[8 warps][64 rows][8] fp32, slice[8][72] 16-bit (or the A staging area) */
   extern __shared__ __align__(16) unsigned char smem[];
-  unsigned short *state = reinterpret_cast<unsigned short *>(smem);
-  float *partial = reinterpret_cast<float *>(smem + 2 * kClusterSeqs * SPITCH * 2);
+  uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
+  unsigned char *space = smem + kClusterBarBytes;
+  unsigned short *state = reinterpret_cast<unsigned short *>(space);
+  float *partial = reinterpret_cast<float *>(space + 2 * kClusterSeqs * SPITCH * 2);
   unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterRows * kClusterSeqs);
 
   /* A fragments (mma row-major 16x16): a[m][kt] = rows 16m + {g, g+8}, k = 16(w KT + kt) + {2q, 2q+8} (+1).
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const int g = lane >> 2, q = lane & 3;
   uint32_t a[MT][KT][4];
   {
-    unsigned short *stage = reinterpret_cast<unsigned short *>(smem); /* [64][KEXT + 8]: padded rows, no bank conflicts */
+    unsigned short *stage = reinterpret_cast<unsigned short *>(space); /* [64][KEXT + 8]: padded rows, no bank conflicts */
     const E *A = static_cast<const E *>(p.a);
     /* A goes in as 16-byte chunks of 8 elements along its contiguous dimension
      * (k forward, rows backward), 8 chunks in flight per thread: one element
@@ -323,7 +329,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 
   /* mbarriers [2 buffers][8 warps]; every CTA of the cluster has started and
    * initialised its state and barriers before any peer writes into them. */
-  uint64_t *bars = reinterpret_cast<uint64_t *>(slice + kClusterSeqs * kClusterSlicePitch);
   const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
   auto bar = [&](int buffer, int w) { return bar_base + 8u * (uint32_t)(buffer * kClusterWarps + w); };
   if (tid < 2 * kClusterWarps) mbarrier_init(bar_base + 8u * tid, 1);
