@@ -26,6 +26,7 @@ def extension():
     # torch builds .c files with the C++ compiler; the C sources are written to allow it.
     common = [
         os.path.join("csrc", "ops", "prnn_ops.cpp"),
+        os.path.join("csrc", "ops", "prnn_autograd.cpp"),
         os.path.join(KERNELS, "status.c"),
         os.path.join(KERNELS, "cpu_reference.c"),
     ]

@@ -325,3 +325,27 @@ def test_mismatched_hx(device):
         ours(x, torch.zeros(1, 3, 7, dtype=torch.float64, device=device))
     hx = torch.randn(1, 3, 7, device=device)
     assert_close(ours(x, hx)[0], reference(x.double(), hx.double())[0], torch.float32)
+
+
+@pytest.mark.parametrize("device", devices)
+def test_weight_norm_parametrization(device):
+    """A parametrized weight (weight_norm) is what the layer uses, and its
+    gradient reaches the parametrization's own parameters, as with nn.RNN."""
+    ours, reference = twins(device, torch.float64)
+    for module in (ours, reference):
+        torch.nn.utils.parametrizations.weight_norm(module, "weight_hh_l0")
+    reference.load_state_dict(ours.state_dict())
+    with torch.no_grad():  # a non-trivial scale, so that using the raw weight would show
+        ours.parametrizations.weight_hh_l0.original0.mul_(0.5)
+        reference.parametrizations.weight_hh_l0.original0.mul_(0.5)
+    x = torch.randn(5, 3, 4, dtype=torch.float64, device=device, requires_grad=True)
+    out1, h1 = ours(x)
+    out2, h2 = reference(x)
+    assert_close(out1, out2, torch.float64, "output")
+    assert_close(h1, h2, torch.float64, "h_n")
+    g1 = torch.autograd.grad(out1.sum(), list(ours.parameters()))
+    g2 = torch.autograd.grad(out2.sum(), list(reference.parameters()))
+    names = [n for n, _ in ours.named_parameters()]
+    assert names == [n for n, _ in reference.named_parameters()]
+    for name, a, b in zip(names, g1, g2, strict=True):
+        assert_close(a, b, torch.float64, f"grad {name}")

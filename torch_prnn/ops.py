@@ -1,5 +1,6 @@
 """Python side of the prnn:: ops (defined in csrc/ops): fake kernels for
-torch.compile / export, autograd, autocast, and the plan query."""
+torch.compile / export, prnn::backward's (refused) gradient, autocast, and
+the plan query."""
 
 import torch
 from torch import Tensor
@@ -39,20 +40,6 @@ def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity):
     return y.new_empty(y.shape), h0.new_empty(h0.shape), w_hh.new_empty(w_hh.shape)
 
 
-def _forward_setup_context(ctx, inputs, output):
-    _, h0, w_hh, lengths, nonlinearity = inputs
-    ctx.save_for_backward(h0, w_hh, lengths, output)
-    ctx.nonlinearity = nonlinearity
-
-
-def _forward_backward(ctx, grad_y):
-    h0, w_hh, lengths, y = ctx.saved_tensors
-    grad_xp, grad_h0, grad_w_hh = torch.ops.prnn.backward(
-        grad_y, y, h0, w_hh, lengths, ctx.nonlinearity
-    )
-    return grad_xp, grad_h0, grad_w_hh, None, None
-
-
 def _backward_backward(ctx, *grads):
     # Registered so that the gradient of a gradient fails with this message
     # instead of silently treating prnn::backward as a constant.
@@ -62,9 +49,8 @@ def _backward_backward(ctx, *grads):
     )
 
 
-torch.library.register_autograd(
-    "prnn::forward", _forward_backward, setup_context=_forward_setup_context
-)
+# prnn::forward's autograd is registered in C++ (csrc/ops/prnn_autograd.cpp):
+# its backward calls prnn::backward, whose gradient is this error.
 torch.library.register_autograd("prnn::backward", _backward_backward)
 
 

@@ -264,6 +264,7 @@ class PersistentRNN(nn.Module):
 
     def _layer(self, x, h0, index, reverse, lengths, flip, last):
         """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
+        # getattr, not self._parameters: weight_norm and parametrizations replace the attribute
         w_ih, w_hh, *biases = [getattr(self, name) for name in self._all_weights[index]]
         # All steps' input projections in one GEMM; both biases folded in.
         xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
