@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test (TEST_ARGS) gputest bench quick diag lab profile sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench quick diag trace lab profile sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
 # the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
@@ -68,6 +68,12 @@ for s in $stages; do
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
         python3 bench/profile_step.py ${PROFILE_DTYPE:-bfloat16} 4
       grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$LOG/profile.log" | head -60 ;;
+    trace) # timelines of one eager forward and training step (the logs hold the full listing)
+      for dt in bfloat16 float32; do
+        stage trace_$dt python3 bench/trace_step.py $dt 4 1024 --out "$OUT/trace"
+        grep "==" "$LOG/trace_$dt.log"
+      done
+      tar czf "$OUT/trace.tar.gz" -C "$OUT" trace && rm -r "$OUT/trace" ;;
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"
       tail -20 "$LOG/quick.log" ;;
