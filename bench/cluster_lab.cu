@@ -16,20 +16,22 @@
 using namespace prnn;
 
 template <int KT>
-static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *h0, void *out) {
-  const RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
+static float time_ms(int steps, int batch, int group, int hidden, void *a, void *in, void *h0, void *out) {
+  RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
+  p.group_seqs = group;
   void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT>;
   const int smem = cluster_smem_bytes(128 * KT);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  const int ctas = (hidden + 63) / 64, groups = (batch + 7) / 8;
+  const int ctas = (hidden + 63) / 64, groups = (batch + group - 1) / group;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * groups, ctas, smem, 0, &attr);
   return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
 }
 
+/* `group`: sequences per cluster (the library spreads a batch over as many clusters as fit). */
 template <int KT>
-static void run(const char *label, int batch, int hidden) {
+static void run(const char *label, int batch, int hidden, int group = 8) {
   const int big = 1024;
   void *a, *in, *h0, *out;
   CHECK(cudaMalloc(&a, (size_t)hidden * hidden * 2));
@@ -39,10 +41,10 @@ static void run(const char *label, int batch, int hidden) {
   CHECK(cudaMemset(a, 0x3c, (size_t)hidden * hidden * 2)); /* bf16 0x3c3c = 0.0115 */
   CHECK(cudaMemset(in, 0x3c, (size_t)big * batch * hidden * 2));
   CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 2));
-  const float short_ms = time_ms<KT>(64, batch, hidden, a, in, h0, out);
-  const float long_ms = time_ms<KT>(big, batch, hidden, a, in, h0, out);
-  printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f}\n", label,
-         hidden, batch, 1000.f * (long_ms - short_ms) / (big - 64),
+  const float short_ms = time_ms<KT>(64, batch, group, hidden, a, in, h0, out);
+  const float long_ms = time_ms<KT>(big, batch, group, hidden, a, in, h0, out);
+  printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"group\": %d, \"us_per_step\": %.3f, "
+         "\"intercept_us\": %.1f}\n", label, hidden, batch, group, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64));
   CHECK(cudaFree(a));
   CHECK(cudaFree(in));
@@ -57,5 +59,11 @@ int main(int argc, char **argv) {
   run<4>(label, 4, 512);
   run<2>(label, 4, 256);
   run<8>(label, 16, 1024);
+  /* smaller groups, more clusters */
+  run<8>(label, 4, 1024, 1);
+  run<8>(label, 4, 1024, 2);
+  run<8>(label, 8, 1024, 1);
+  run<8>(label, 16, 1024, 2);
+  run<8>(label, 32, 1024, 4);
   return 0;
 }

@@ -119,18 +119,35 @@ def test_on_chip_coverage():
 
 
 def test_cluster_tier_choice():
-    """On sm_90 the 16-bit dtypes up to H = 1024 run on one cluster per 8 sequences
-    (one CTA per 64 rows); float32 and larger H keep the grid-wide kernel."""
+    """On sm_90 the 16-bit dtypes up to H = 1024 run on clusters of one CTA per
+    64 rows, each cluster carrying 1 to 8 sequences: as few as the device's
+    room for clusters allows. float32 and larger H keep the grid-wide kernel."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters need sm_90")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.bfloat16, torch.float16):
-        for H, B in ((1, 1), (64, 8), (65, 9), (1000, 4), (1024, 17)):
+        for H, B in ((1, 1), (64, 8), (65, 9), (1000, 4), (1024, 17), (1024, 200)):
             for backward in (False, True):
                 p = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", backward=backward)
                 assert p["tier"] == "persistent_cluster", (dtype, H, p)
-                assert p["grid"] == -(-H // 64) * -(-B // 8) and p["workspace_bytes"] == 0, p
+                ctas = -(-H // 64)
+                groups, rest = divmod(p["grid"], ctas)
+                assert rest == 0 and -(-B // 8) <= groups <= B and p["workspace_bytes"] == 0, p
+                # one sequence per cluster if they all fit at once; groups of 8 only when they must
+                assert groups == B or groups == -(-B // 8) or groups * ctas <= sms, (H, B, p)
+        assert torch_prnn.plan(4, batch=3, dtype=dtype, device="cuda")["grid"] == 3
+        assert torch_prnn.plan(1024, batch=200, dtype=dtype, device="cuda")["grid"] == 16 * 25
         assert torch_prnn.plan(1025, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
     assert torch_prnn.plan(1024, batch=4, device="cuda")["tier"] == "persistent_registers"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("B", [2, 5, 8, 13, 70])
+def test_cluster_groups(dtype, B):
+    """Every grouping of the batch over clusters (one sequence each at small B,
+    groups of up to 8 at large B, more clusters than fit at once at B = 70 on
+    H = 1024) gives each sequence its own result, with lengths."""
+    check_backward(6, B, 1024, dtype, "tanh", lengths=True, seed=B)
 
 
 def test_large_hidden_uses_slower_tier():

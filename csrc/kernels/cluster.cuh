@@ -5,8 +5,10 @@
  * One thread-block cluster of C <= 16 CTAs (co-scheduled by the hardware, so
  * no cooperative launch and no deadlock) holds all of A (W_hh forward, W_hh^T
  * backward) in its register files as tensor-core fragments and runs all T
- * steps for one group of 8 sequences. Clusters of other groups never talk to
- * each other, so a batch of any size is just more clusters.
+ * steps for one group of up to 8 sequences. Clusters of other groups never
+ * talk to each other, so a batch of any size is just more clusters; the
+ * launcher makes the groups as small as the device's room for clusters
+ * allows (a step's exchange carries only a group's sequences).
  *
  * CTA c of a cluster owns rows [64c, 64c + 64) of A. Its 8 warps split K:
  * warp w holds the A fragments of its 4 m-tiles for k-tiles [w*KT, w*KT + KT).
@@ -200,8 +202,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * kClusterRows;
-  const int seq0 = (int)cluster_index() * kClusterSeqs;
-  const int live = B - seq0 < kClusterSeqs ? B - seq0 : kClusterSeqs; /* sequences of this group, >= 1 */
+  const int seq0 = (int)cluster_index() * p.group_seqs;
+  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
   E *out = static_cast<E *>(p.out);
   const E *in = static_cast<const E *>(p.in);
   const E *yfwd = static_cast<const E *>(p.y);
@@ -321,7 +323,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     const int o = tid + kClusterThreads * i;
     o_row[i] = row0 + o / kClusterSeqs;
     o_b[i] = seq0 + o % kClusterSeqs;
-    o_valid[i] = o_row[i] < H && o_b[i] < B;
+    o_valid[i] = o_row[i] < H && o % kClusterSeqs < live; /* n >= live: another group's sequence, or none */
     o_len[i] = o_valid[i] ? sequence_length(p.lengths, o_b[i], T) : 0;
   }
   load_operands(0, o_in, o_y);

@@ -171,16 +171,21 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 struct ClusterLaunch {
   const ClusterConfig *config; /* NULL: the problem does not take the cluster tier */
   int ctas;                    /* cluster size: one CTA per 64 rows */
-  int grid;                    /* ctas x groups of 8 sequences */
+  int group_seqs;              /* sequences per cluster, 1..8 */
+  int grid;                    /* ctas x groups */
   int smem_bytes;
 };
 
-/* Whether a cluster of `ctas` CTAs of a kernel can be resident on the device,
- * per (device, dtype, K extent, cluster size): 0 unknown, 1 yes, 2 no. */
-signed char g_cluster_fits[kMaxDevices][2][3][kClusterMaxCtas + 1];
+/* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
+ * (device, dtype, K extent, cluster size): 0 unknown, -1 none, else the count. */
+int g_cluster_room[kMaxDevices][2][3][kClusterMaxCtas + 1];
 
 /* The cluster tier: 16-bit dtypes on a device with cluster launches, when all
- * of A fits in the register files of one cluster (hidden <= 1024). */
+ * of A fits in the register files of one cluster (hidden <= 1024). A step
+ * costs less the fewer sequences a cluster carries (its exchange carries only
+ * those: bench/NOTES.md), so the batch is spread over as many clusters as the
+ * device holds at once, up to one sequence each; past that, groups of up to 8
+ * and clusters in turn (they are independent, so that is safe). */
 prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
   memset(c, 0, sizeof *c);
   const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
@@ -190,18 +195,15 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
   while (index < cluster_config_count && 128 * (int64_t)table[index].k_tiles < pb->hidden) ++index;
   if (index == cluster_config_count) return PRNN_STATUS_SUCCESS;
   const int ctas = (int)((pb->hidden + kClusterRows - 1) / kClusterRows);
-  const int64_t groups = (pb->batch + kClusterSeqs - 1) / kClusterSeqs;
-  if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
   ClusterLaunch cand;
   cand.config = &table[index];
   cand.ctas = ctas;
-  cand.grid = (int)(ctas * groups);
   cand.smem_bytes = cluster_smem_bytes(128 * table[index].k_tiles);
   if (cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
 
-  signed char *known = &g_cluster_fits[device][is_half][index][ctas];
-  signed char fits = __atomic_load_n(known, __ATOMIC_ACQUIRE);
-  if (fits == 0) {
+  int *known = &g_cluster_room[device][is_half][index][ctas];
+  int room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (room == 0) {
     const void *fn = (const void *)cand.config->kernel;
     cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
     if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -211,10 +213,16 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
     int clusters = 0;
     err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
     if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveClusters");
-    fits = clusters >= 1 ? 1 : 2;
-    __atomic_store_n(known, fits, __ATOMIC_RELEASE);
+    room = clusters >= 1 ? clusters : -1;
+    __atomic_store_n(known, room, __ATOMIC_RELEASE);
   }
-  if (fits == 1) *c = cand;
+  if (room < 0) return PRNN_STATUS_SUCCESS;
+  const int64_t spread = (pb->batch + room - 1) / room; /* sequences per cluster if all run at once */
+  cand.group_seqs = (int)(spread < 1 ? 1 : (spread > kClusterSeqs ? kClusterSeqs : spread));
+  const int64_t groups = (pb->batch + cand.group_seqs - 1) / cand.group_seqs;
+  if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
+  cand.grid = (int)(ctas * groups);
+  *c = cand;
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -284,7 +292,8 @@ prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, Re
 }
 
 /* One launch of the cluster kernel: clusters are co-scheduled, so no cooperative launch. */
-prnn_status_t launch_cluster(const ClusterLaunch &c, const RecurrenceParams &params, cudaStream_t stream) {
+prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, cudaStream_t stream) {
+  params.group_seqs = c.group_seqs;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, c.config->kernel, params);

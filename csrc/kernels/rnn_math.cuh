@@ -36,6 +36,7 @@ struct RecurrenceParams {
   const int32_t *lengths; /* batch, or NULL */
   void *out;              /* steps x batch x hidden, contiguous: y or grad_xp */
   unsigned long long *xchg; /* 2 x batch x hidden_padded/PACK tagged words, zeroed */
+  int group_seqs;         /* cluster kernel: sequences per cluster, 1..8 */
 };
 
 /* Arithmetic type of an element type: float for every dtype but double. */
