@@ -183,6 +183,41 @@ def profile_module_call(dtype_name="bfloat16", batch=4, hidden=1024, steps=256):
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=18, max_name_column_width=48))
 
 
+def host_costs(dtype_name="bfloat16", batch=4, hidden=1024, steps=256, calls=50):
+    """Host time per call (µs, no synchronisation: the CPU side alone) of each
+    piece of an eager module forward under no_grad, on this machine's CPU."""
+    import time
+    import torch.nn.functional as F
+    dtype = DTYPES[dtype_name]
+    ref, ours = models(hidden, dtype)
+    x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+    xp = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+    w_ih, w_hh, b_ih, b_hh = ours.weight_ih_l0, ours.weight_hh_l0, ours.bias_ih_l0, ours.bias_hh_l0
+    b = b_ih + b_hh
+    pieces = {
+        "module": lambda: ours(x, h0),
+        "nn.RNN": lambda: ref(x, h0),
+        "bias add": lambda: b_ih + b_hh,
+        "F.linear": lambda: F.linear(x, w_ih, b),
+        "prnn::forward": lambda: torch.ops.prnn.forward(xp, h0[0], w_hh, None, "tanh"),
+        "stack": lambda: torch.stack([h0[0]]),
+    }
+    costs = {}
+    with torch.no_grad():
+        for name, fn in pieces.items():
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            costs[name] = 1e6 * (time.perf_counter() - t0) / calls
+            torch.cuda.synchronize()
+    print(f"host us/call ({dtype_name} B={batch} H={hidden} T={steps}): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()), flush=True)
+
+
 def run_floor(binary):
     if not binary or not os.path.exists(binary):
         return []
@@ -200,6 +235,7 @@ def main():
     ap.add_argument("--diag", action="store_true", help="only the per-step / per-call breakdown")
     args = ap.parse_args()
     if args.diag:
+        host_costs()
         diagnose()
         profile_module_call()
         return
