@@ -281,10 +281,10 @@ class PersistentRNN(nn.Module):
 
 def _refuse_func_autodiff() -> None:
     """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
-    jacfwd) do not see through ops whose autograd is registered with
-    torch.library: jvp and jacfwd would silently return zero tangents, the
-    others fail deep inside torch. Refuse them with a clear error; vmap and
-    torch.autograd work."""
+    jacfwd) do not see through prnn::forward's autograd (a C++
+    torch::autograd::Function): jvp and jacfwd would silently return zero
+    tangents, the others fail inside torch. Refuse them with a clear error;
+    vmap and torch.autograd work."""
     if torch.compiler.is_compiling():
         return
     stack = torch._C._functorch.get_interpreter_stack()
