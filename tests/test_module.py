@@ -349,3 +349,18 @@ def test_weight_norm_parametrization(device):
     assert names == [n for n, _ in reference.named_parameters()]
     for name, a, b in zip(names, g1, g2, strict=True):
         assert_close(a, b, torch.float64, f"grad {name}")
+
+
+@pytest.mark.parametrize("device", devices)
+def test_frozen_input_weights(device):
+    """weight_ih and the input frozen (fine-tuning the recurrence only):
+    weight_hh and the biases still get nn.RNN's gradients."""
+    ours, reference = twins(device, torch.float64)
+    for module in (ours, reference):
+        module.weight_ih_l0.requires_grad_(False)
+    x = torch.randn(5, 3, 4, dtype=torch.float64, device=device)
+    trainable = [(n, p) for n, p in ours.named_parameters() if p.requires_grad]
+    g1 = torch.autograd.grad(ours(x)[0].sum(), [p for _, p in trainable])
+    g2 = torch.autograd.grad(reference(x)[0].sum(), [p for p in reference.parameters() if p.requires_grad])
+    for (name, _), a, b in zip(trainable, g1, g2, strict=True):
+        assert_close(a, b, torch.float64, f"grad {name}")

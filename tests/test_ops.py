@@ -129,6 +129,37 @@ def test_gradcheck(with_lengths, nonlinearity):
     )
 
 
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("which", ["xp", "h0", "w_hh"])
+def test_grad_of_one_input(device, with_lengths, which):
+    """Only one input requires grad: the output is still recorded, and that
+    input's gradient is the one computed with all inputs requiring grad."""
+    lengths = torch.tensor([4, 1, 3]) if with_lengths else None
+    leaves = make_op_inputs(4, 3, 5, device=device)
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(4, 3, 5, generator=gen, dtype=torch.float64).to(device)
+    index = ("xp", "h0", "w_hh").index(which)
+    everything = [t.clone().requires_grad_() for t in leaves]
+    expected = torch.autograd.grad((forward(*everything, lengths, "tanh") * weights).sum(), everything)[index]
+    one = [t.clone().requires_grad_(i == index) for i, t in enumerate(leaves)]
+    y = forward(*one, lengths, "tanh")
+    assert y.requires_grad, f"only {which} requires grad, but the output was not recorded"
+    (got,) = torch.autograd.grad((y * weights).sum(), one[index])
+    assert_close(got, expected, torch.float64, f"grad {which}")
+
+
+def test_lengths_changed_before_backward_raises():
+    """lengths is saved for backward like the tensors: changing it in place
+    in between is autograd's error, not a gradient for the wrong lengths."""
+    xp, h0, w = make_op_inputs(4, 3, 5, requires_grad=True)
+    lengths = torch.tensor([4, 2, 3])
+    y = forward(xp, h0, w, lengths, "tanh")
+    lengths.fill_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y.sum(), xp)
+
+
 def test_double_backward_raises():
     xp, h0, w = make_op_inputs(3, 2, 4, requires_grad=True)
     (grad_xp,) = torch.autograd.grad(forward(xp, h0, w, None, "tanh").sum(), xp, create_graph=True)

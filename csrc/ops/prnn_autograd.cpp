@@ -48,17 +48,18 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
       y = call_forward(xp, h0, w_hh, lengths, nonlinearity);
     }
     // y, not xp: the backward needs the states, which nn.RNN keeps too.
-    ctx->save_for_backward({h0, w_hh, y});
-    ctx->saved_data["lengths"] = lengths.has_value() ? c10::IValue(*lengths) : c10::IValue();
+    // lengths as a saved tensor (undefined when absent), so that changing it
+    // in place before backward raises autograd's error and saved-tensor hooks
+    // see it, as they did with the Python registration.
+    ctx->save_for_backward({h0, w_hh, y, lengths.value_or(at::Tensor())});
     ctx->saved_data["nonlinearity"] = std::string(nonlinearity);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();  // h0, w_hh, y
-    const c10::IValue& l = ctx->saved_data["lengths"];
+    const variable_list saved = ctx->get_saved_variables();  // h0, w_hh, y, lengths
     const std::optional<at::Tensor> lengths =
-        l.isNone() ? std::nullopt : std::optional<at::Tensor>(l.toTensor());
+        saved[3].defined() ? std::optional<at::Tensor>(saved[3]) : std::nullopt;
     auto [grad_xp, grad_h0, grad_w_hh] =
         call_backward(grads[0], saved[2], saved[0], saved[1], lengths,
                       ctx->saved_data["nonlinearity"].toStringRef());
