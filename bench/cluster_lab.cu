@@ -5,9 +5,11 @@
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -DPRNN_CLUSTER_ABLATE=0 bench/cluster_lab.cu -o build/clab0
  *   build/clab0 <label>
- * Prints {"label", "hidden", "batch", "us_per_step"} lines, bfloat16.
+ * Prints {"label", "hidden", "batch", "group", "clusters", "room", "waves", "us_per_step",
+ * "intercept_us"} lines, bfloat16.
  */
 #include <cstdio>
+#include <cstdlib>
 
 #include "cluster.cuh"
 
@@ -15,23 +17,42 @@
 
 using namespace prnn;
 
+/* The kernel with its attributes set; *room = how many of its clusters the device holds at once. */
+template <int KT>
+static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams) {
+  void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT>;
+  const int smem = cluster_smem_bytes(128 * KT), ctas = (hidden + 63) / 64;
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t one = cluster_launch_config(ctas, ctas, smem, 0, &attr);
+  CHECK(cudaOccupancyMaxActiveClusters(room, (const void *)fn, &one));
+  return fn;
+}
+
 template <int KT>
 static float time_ms(int steps, int batch, int group, int hidden, void *a, void *in, void *h0, void *out) {
   RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
   p.group_seqs = group;
-  void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT>;
-  const int smem = cluster_smem_bytes(128 * KT);
-  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  int room;
+  void (*fn)(RecurrenceParams) = prepared_kernel<KT>(hidden, &room);
   const int ctas = (hidden + 63) / 64, groups = (batch + group - 1) / group;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * groups, ctas, smem, 0, &attr);
+  const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * groups, ctas, cluster_smem_bytes(128 * KT), 0, &attr);
   return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
 }
 
-/* `group`: sequences per cluster (the library spreads a batch over as many clusters as fit). */
+/* `group`: sequences per cluster (the library spreads a batch over as many clusters as fit at
+ * once, `room`; more clusters than that run in `waves`). */
 template <int KT>
 static void run(const char *label, int batch, int hidden, int group = 8) {
+  if (group < 1 || group > kClusterSeqs) {
+    fprintf(stderr, "group must be in 1..%d, got %d\n", kClusterSeqs, group);
+    exit(1);
+  }
+  int room;
+  prepared_kernel<KT>(hidden, &room);
+  const int groups = (batch + group - 1) / group, waves = (groups + room - 1) / room;
   const int big = 1024;
   void *a, *in, *h0, *out;
   CHECK(cudaMalloc(&a, (size_t)hidden * hidden * 2));
@@ -43,8 +64,9 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
   CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 2));
   const float short_ms = time_ms<KT>(64, batch, group, hidden, a, in, h0, out);
   const float long_ms = time_ms<KT>(big, batch, group, hidden, a, in, h0, out);
-  printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"group\": %d, \"us_per_step\": %.3f, "
-         "\"intercept_us\": %.1f}\n", label, hidden, batch, group, 1000.f * (long_ms - short_ms) / (big - 64),
+  printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"group\": %d, \"clusters\": %d, \"room\": %d, "
+         "\"waves\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f}\n", label, hidden, batch, group, groups, room,
+         waves, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64));
   CHECK(cudaFree(a));
   CHECK(cudaFree(in));

@@ -176,8 +176,9 @@ __device__ __forceinline__ bool mbarrier_done(uint32_t bar, unsigned parity) {
   return done != 0;
 }
 /* 16 bytes into a peer's shared memory; the store counts them down on the
- * peer's mbarrier. (Sending only a group's live sequences, 4 or 8 bytes a
- * row, was 0.5 us/step slower: bench/NOTES.md.) */
+ * peer's mbarrier. (Narrower stores, 4 or 8 bytes a row, were 0.5 us/step
+ * slower: bench/NOTES.md step 11; the state's layout lets a 16-byte store
+ * carry 8 rows of one sequence instead, step 17.) */
 __device__ __forceinline__ void store_peer16_async(uint32_t remote, uint4 v, uint32_t remote_bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
                :: "r"(remote), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar) : "memory");
@@ -202,6 +203,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * kClusterRows;
+  if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
   const int seq0 = (int)cluster_index() * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
   E *out = static_cast<E *>(p.out);
@@ -231,7 +233,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
      * per load was 256 dependent L2 round trips, ~30 us per call (NOTES.md). */
     const bool k_fastest = p.a_stride_col == 1;
     const int64_t line_stride = k_fastest ? p.a_stride_row : p.a_stride_col;
-    const bool wide = line_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0;
+    const bool wide = (k_fastest || p.a_stride_row == 1) && line_stride % 8 == 0 &&
+                      (reinterpret_cast<uintptr_t>(A) & 15) == 0;
     constexpr int CHUNK = 8, INFLIGHT = 8;
     constexpr int ROUNDS = kClusterRows * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
     static_assert(ROUNDS * CHUNK * kClusterThreads * INFLIGHT == kClusterRows * KEXT, "bad staging split");
