@@ -364,3 +364,15 @@ def test_frozen_input_weights(device):
     g2 = torch.autograd.grad(reference(x)[0].sum(), [p for p in reference.parameters() if p.requires_grad])
     for (name, _), a, b in zip(trainable, g1, g2, strict=True):
         assert_close(a, b, torch.float64, f"grad {name}")
+
+
+@pytest.mark.parametrize("device", devices)
+def test_forward_mode_ad_refused(device):
+    """Dual input to the module (torch.autograd.forward_ad): a clear error,
+    never an output without its tangent."""
+    import torch.autograd.forward_ad as fwAD
+    ours, _ = twins(device, torch.float64)
+    x = torch.randn(5, 3, 4, dtype=torch.float64, device=device)
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError, match="forward-mode AD .* is not supported"):
+            ours(fwAD.make_dual(x, torch.randn_like(x)))

@@ -160,6 +160,36 @@ def test_lengths_changed_before_backward_raises():
         torch.autograd.grad(y.sum(), xp)
 
 
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("which", ["xp", "h0", "w_hh"])
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_forward_mode_ad_raises(device, which, grad_mode):
+    """No jvp formula: a dual input (torch.autograd.forward_ad) is refused,
+    with or without grad mode, instead of its tangent being dropped."""
+    import torch.autograd.forward_ad as fwAD
+    inputs = make_op_inputs(3, 2, 4, device=device)
+    index = ("xp", "h0", "w_hh").index(which)
+    with fwAD.dual_level(), torch.set_grad_enabled(grad_mode):
+        inputs[index] = fwAD.make_dual(inputs[index], torch.randn_like(inputs[index]))
+        with pytest.raises(RuntimeError, match="forward-mode AD .* is not supported"):
+            forward(*inputs, None, "tanh")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+def test_raw_op_under_func_forward_transforms_raises(device, transform):
+    """torch.func's forward-mode transforms on the raw op: a clear error, not
+    zero tangents (the module refuses all of torch.func's autodiff itself)."""
+    xp, h0, w = make_op_inputs(3, 2, 4, device=device)
+    f = lambda a: forward(a, h0, w, None, "tanh")  # noqa: E731
+    call = {
+        "jvp": lambda: torch.func.jvp(f, (xp,), (torch.ones_like(xp),)),
+        "jacfwd": lambda: torch.func.jacfwd(lambda a: f(a).sum())(xp),
+    }[transform]
+    with pytest.raises(RuntimeError, match="forward-mode AD .* is not supported"):
+        call()
+
+
 def test_double_backward_raises():
     xp, h0, w = make_op_inputs(3, 2, 4, requires_grad=True)
     (grad_xp,) = torch.autograd.grad(forward(xp, h0, w, None, "tanh").sum(), xp, create_graph=True)

@@ -282,9 +282,9 @@ class PersistentRNN(nn.Module):
 def _refuse_func_autodiff() -> None:
     """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
     jacfwd) do not see through prnn::forward's autograd (a C++
-    torch::autograd::Function): jvp and jacfwd would silently return zero
-    tangents, the others fail inside torch. Refuse them with a clear error;
-    vmap and torch.autograd work."""
+    torch::autograd::Function): they fail inside torch or at the op's
+    forward-mode check. Refuse them up front with one clear error; vmap and
+    torch.autograd work."""
     if torch.compiler.is_compiling():
         return
     stack = torch._C._functorch.get_interpreter_stack()

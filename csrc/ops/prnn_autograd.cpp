@@ -71,6 +71,12 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
 at::Tensor forward_autograd(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
                             const std::optional<at::Tensor>& lengths,
                             c10::string_view nonlinearity) {
+  // Forward-mode AD (torch.autograd.forward_ad): there is no jvp formula,
+  // and below autograd a dual input's tangent would be dropped without a word.
+  const auto dual = [](const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); };
+  TORCH_CHECK(!(dual(xp) || dual(h0) || dual(w_hh)),
+              "prnn::forward: forward-mode AD (dual tensors of torch.autograd.forward_ad) is not "
+              "supported; use reverse mode (backward() or torch.autograd.grad)");
   const auto requires_grad = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
   if (!at::GradMode::is_enabled() ||
       !(requires_grad(xp) || requires_grad(h0) || requires_grad(w_hh))) {
