@@ -108,39 +108,51 @@ def peak_training_memory(batch, hidden, steps, dtype):
     return result
 
 
+def slope_intercept(call_at):
+    """(µs per step, µs per call) of call_at(steps)(), fitted through T = 64 and 1024."""
+    ms = {steps: median_ms(call_at(steps), 15) for steps in (64, 1024)}
+    slope = 1000 * (ms[1024] - ms[64]) / (1024 - 64)
+    return slope, 1000 * ms[64] - 64 * slope
+
+
+def host_us_per_call(fn, calls):
+    """Host time of fn() in µs, calls back to back without synchronising (the CPU side alone)."""
+    import time
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = 1e6 * (time.perf_counter() - t0) / calls
+    torch.cuda.synchronize()
+    return us
+
+
 def diagnose():
     """Where a step's time goes: the op alone at several T (slope = per-step
     kernel time, intercept = per-call cost), the host time of a call, and the
     module replayed in a CUDA graph (no launch overhead)."""
-    import time
     for dtype_name in ("float32", "bfloat16", "float16"):
         dtype = DTYPES[dtype_name]
         for batch in (1, 4, 16):
             hidden = 1024
             w = (torch.rand(hidden, hidden, device="cuda", dtype=dtype) * 2 - 1) * hidden ** -0.5
             h0 = torch.randn(batch, hidden, device="cuda", dtype=dtype)
-            ms = {}
-            for steps in (64, 1024):
+
+            def forward_at(steps):
                 xp = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
-                ms[steps] = median_ms(lambda: torch.ops.prnn.forward(xp, h0, w, None, "tanh"), 15)
-            slope = 1000 * (ms[1024] - ms[64]) / (1024 - 64)
-            intercept = 1000 * ms[64] - 64 * slope
-            xp1 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
-            one_step_us = 1000 * median_ms(lambda: torch.ops.prnn.forward(xp1, h0, w, None, "tanh"), 15)
-            bms = {}
-            for steps in (64, 1024):
+                return lambda: torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+
+            def backward_at(steps):
                 gy = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
                 y = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype).tanh()
-                bms[steps] = median_ms(lambda: torch.ops.prnn.backward(gy, y, h0, w, None, "tanh"), 15)
-            bslope = 1000 * (bms[1024] - bms[64]) / (1024 - 64)
-            bintercept = 1000 * bms[64] - 64 * bslope
-            xp = torch.randn(256, batch, hidden, device="cuda", dtype=dtype)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(50):
-                torch.ops.prnn.forward(xp, h0, w, None, "tanh")
-            host_us = 1e6 * (time.perf_counter() - t0) / 50
-            torch.cuda.synchronize()
+                return lambda: torch.ops.prnn.backward(gy, y, h0, w, None, "tanh")
+
+            slope, intercept = slope_intercept(forward_at)
+            bslope, bintercept = slope_intercept(backward_at)
+            one_step_us = 1000 * median_ms(forward_at(1), 15)
+            host_us = host_us_per_call(forward_at(256), 50)
             ref, ours = models(hidden, dtype)
             x = torch.randn(256, batch, hidden, device="cuda", dtype=dtype)
             with torch.no_grad():
@@ -163,30 +175,9 @@ def diagnose():
                   flush=True)
 
 
-def profile_module_call(dtype_name="bfloat16", batch=4, hidden=1024, steps=256):
-    """The host side of one eager module forward (under no_grad): torch's
-    profiler, CPU time per op, to see what the GPU waits for before the
-    persistent kernel starts."""
-    from torch.profiler import ProfilerActivity, profile
-    ref, ours = models(hidden, DTYPES[dtype_name])
-    x = torch.randn(steps, batch, hidden, device="cuda", dtype=DTYPES[dtype_name])
-    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=DTYPES[dtype_name])
-    with torch.no_grad():
-        for _ in range(5):
-            ours(x, h0)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                ours(x, h0)
-                torch.cuda.synchronize()
-    print(f"profile: module forward {dtype_name} B={batch} H={hidden} T={steps}, 20 calls")
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=18, max_name_column_width=48))
-
-
 def host_costs(dtype_name="bfloat16", batch=4, hidden=1024, steps=256, calls=50):
     """Host time per call (µs, no synchronisation: the CPU side alone) of each
     piece of an eager module forward under no_grad, on this machine's CPU."""
-    import time
     import torch.nn.functional as F
     dtype = DTYPES[dtype_name]
     ref, ours = models(hidden, dtype)
@@ -203,17 +194,8 @@ def host_costs(dtype_name="bfloat16", batch=4, hidden=1024, steps=256, calls=50)
         "prnn::forward": lambda: torch.ops.prnn.forward(xp, h0[0], w_hh, None, "tanh"),
         "stack": lambda: torch.stack([h0[0]]),
     }
-    costs = {}
     with torch.no_grad():
-        for name, fn in pieces.items():
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            costs[name] = 1e6 * (time.perf_counter() - t0) / calls
-            torch.cuda.synchronize()
+        costs = {name: host_us_per_call(fn, calls) for name, fn in pieces.items()}
     print(f"host us/call ({dtype_name} B={batch} H={hidden} T={steps}): "
           + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()), flush=True)
 
@@ -237,7 +219,6 @@ def main():
     if args.diag:
         host_costs()
         diagnose()
-        profile_module_call()
         return
 
     props = torch.cuda.get_device_properties(0)
