@@ -68,13 +68,19 @@ const int kClusterSlicePitch = kClusterRows + 8;
  * [2 buffers][8 warps], a space of their own (no other access ever touches
  * them); then, while stepping, two state buffers [8][K + 8] 16-bit, the warps'
  * partial sums [8][64][8] fp32 and the outgoing slice [8][72] 16-bit; before
- * stepping, the same space stages A ([64][K + 8]). */
+ * stepping, the same space stages A (cluster_stage_smem). */
 const int kClusterBarBytes = 2 * kClusterWarps * 8;
 __host__ __device__ constexpr int cluster_step_smem(int k_extent) {
   return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
          kClusterSeqs * kClusterSlicePitch * 2;
 }
-__host__ __device__ constexpr int cluster_stage_smem(int k_extent) { return kClusterRows * (k_extent + 8) * 2; }
+/* The A staging area: [64][K + 8] forward (rows of W_hh contiguous), [K][64 + 8]
+ * backward (A = W_hh^T, whose columns are contiguous): either way 16-byte
+ * stores along the contiguous dimension, free of bank conflicts. */
+__host__ __device__ constexpr int cluster_stage_smem(int k_extent) {
+  return (kClusterRows * (k_extent + 8) > k_extent * (kClusterRows + 8) ? kClusterRows * (k_extent + 8)
+                                                                         : k_extent * (kClusterRows + 8)) * 2;
+}
 __host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
   return kClusterBarBytes + (cluster_step_smem(k_extent) > cluster_stage_smem(k_extent) ? cluster_step_smem(k_extent)
                                                                                         : cluster_stage_smem(k_extent));
@@ -188,6 +194,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
 }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                                  uint32_t &r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
 #endif
 
 template <typename E, int KT>
@@ -226,7 +237,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const int g = lane >> 2, q = lane & 3;
   uint32_t a[MT][KT][4];
   {
-    unsigned short *stage = reinterpret_cast<unsigned short *>(space); /* [64][KEXT + 8]: padded rows, no bank conflicts */
+    unsigned short *stage = reinterpret_cast<unsigned short *>(space); /* cluster_stage_smem: padded, no bank conflicts */
     const E *A = static_cast<const E *>(p.a);
     /* A goes in as 16-byte chunks of 8 elements along its contiguous dimension
      * (k forward, rows backward), 8 chunks in flight per thread: one element
@@ -272,13 +283,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
       for (int u = 0; u < INFLIGHT; ++u) {
         int r, k;
         chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
-        if (k_fastest) {
-          *reinterpret_cast<uint4 *>(stage + r * (KEXT + 8) + k) = v[u];
-        } else {
-          const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-          for (int j = 0; j < CHUNK; ++j) stage[(r + j) * (KEXT + 8) + k] = (unsigned short)(w[j / 2] >> (16 * (j & 1)));
-        }
+        /* forward [r][k], chunk = k .. k+7 of row r; backward [k][r], chunk = rows r .. r+7 of column k */
+        unsigned short *dst = k_fastest ? stage + r * (KEXT + 8) + k : stage + k * (kClusterRows + 8) + r;
+        *reinterpret_cast<uint4 *>(dst) = v[u];
       }
     }
     __syncthreads();
@@ -287,10 +294,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
-        /* lane l: row 16m + l % 16, columns k0 + 8 (l / 16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) */
-        const int r = 16 * m + (lane & 15), k = (warp * KT + kt) * 16 + 8 * (lane >> 4);
-        ldmatrix_x4(stage_base + (uint32_t)((r * (KEXT + 8) + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
-                    a[m][kt][3]);
+        /* matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) of the 16 x 16 tile at (16m, k0) */
+        const int k0 = (warp * KT + kt) * 16;
+        if (k_fastest) { /* lane l: row 16m + l % 16, columns k0 + 8 (l / 16) */
+          const int r = 16 * m + (lane & 15), k = k0 + 8 * (lane >> 4);
+          ldmatrix_x4(stage_base + (uint32_t)((r * (KEXT + 8) + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
+                      a[m][kt][3]);
+        } else { /* [k][r]: lane l points at k row k0 + l % 8 + 8 (l / 16), rows 16m + 8 (l / 8 % 2); .trans */
+          const int k = k0 + (lane & 7) + 8 * (lane >> 4), r = 16 * m + 8 * ((lane >> 3) & 1);
+          ldmatrix_x4_trans(stage_base + (uint32_t)((k * (kClusterRows + 8) + r) * 2), a[m][kt][0], a[m][kt][1],
+                            a[m][kt][2], a[m][kt][3]);
+        }
       }
     __syncthreads(); /* the staging area is the state buffers' */
   }
