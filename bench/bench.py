@@ -82,7 +82,7 @@ def bench_one(dtype_name, batch, hidden, steps, iters, passes):
 
             def step(model=model, params=params):
                 y, _ = model(x, h0)
-                torch.autograd.grad(y.float().sum(), params)
+                torch.autograd.grad(y.sum(), params)
 
             out[(name, "fwdbwd")] = median_ms(step, max(5, iters // 2))
     return {k: 1000.0 * v / steps for k, v in out.items()}, err
@@ -95,13 +95,13 @@ def peak_training_memory(batch, hidden, steps, dtype):
     result = {}
     for name, model in (("prnn", ours), ("cudnn", ref)):
         y, _ = model(x)
-        torch.autograd.grad(y.float().sum(), list(model.parameters()))  # warm-up, workspace
+        torch.autograd.grad(y.sum(), list(model.parameters()))  # warm-up, workspace
         del y
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         y, _ = model(x)
-        torch.autograd.grad(y.float().sum(), list(model.parameters()))
+        torch.autograd.grad(y.sum(), list(model.parameters()))
         del y
         torch.cuda.synchronize()
         result[name] = torch.cuda.max_memory_allocated() - base
@@ -162,7 +162,7 @@ def diagnose():
             params = list(ours.parameters())
 
             def train_step():
-                torch.autograd.grad(ours(x)[0].float().sum(), params)
+                torch.autograd.grad(ours(x)[0].sum(), params)
 
             fb_eager_us = 1000 * median_ms(train_step, 15) / 256
             replay, graph = graphed(train_step)
@@ -192,6 +192,7 @@ def host_costs(dtype_name="bfloat16", batch=4, hidden=1024, steps=256, calls=50)
         "bias add": lambda: b_ih + b_hh,
         "F.linear": lambda: F.linear(x, w_ih, b),
         "prnn::forward": lambda: torch.ops.prnn.forward(xp, h0[0], w_hh, None, "tanh"),
+        "prnn::layer": lambda: torch.ops.prnn.layer(x, w_ih, b_ih, b_hh, h0[0], w_hh, None, "tanh"),
         "stack": lambda: torch.stack([h0[0]]),
     }
     with torch.no_grad():

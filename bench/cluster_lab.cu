@@ -6,7 +6,7 @@
  *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -DPRNN_CLUSTER_ABLATE=0 bench/cluster_lab.cu -o build/clab0
  *   build/clab0 <label>
  * Prints {"label", "hidden", "batch", "group", "clusters", "room", "waves", "us_per_step",
- * "intercept_us"} lines, bfloat16.
+ * "intercept_us", "t1_us" (one step: launch, prologue, step)} lines, bfloat16.
  */
 #include <cstdio>
 #include <cstdlib>
@@ -63,10 +63,11 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
   CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 2));
   const float short_ms = time_ms<KT>(fn, 64, batch, group, hidden, a, in, h0, out);
   const float long_ms = time_ms<KT>(fn, big, batch, group, hidden, a, in, h0, out);
+  const float one_ms = time_ms<KT>(fn, 1, batch, group, hidden, a, in, h0, out);
   printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"group\": %d, \"clusters\": %d, \"room\": %d, "
-         "\"waves\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f}\n", label, hidden, batch, group, groups, room,
-         waves, 1000.f * (long_ms - short_ms) / (big - 64),
-         1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64));
+         "\"waves\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, \"t1_us\": %.1f}\n", label, hidden, batch,
+         group, groups, room, waves, 1000.f * (long_ms - short_ms) / (big - 64),
+         1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
   CHECK(cudaFree(a));
   CHECK(cudaFree(in));
   CHECK(cudaFree(h0));

@@ -57,12 +57,12 @@ for s in $stages; do
       stage diag python3 bench/bench.py --diag
       cat "$LOG/diag.log" ;;
     lab) # the cluster kernel alone, with each stage taken out in turn (PRNN_CLUSTER_ABLATE)
-      for a in 0 1 2 4; do
+      for a in ${LAB_ABLATIONS:-0 1 2 4}; do
         nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_CLUSTER_ABLATE=$a bench/cluster_lab.cu \
           -o build/clab$a &
       done
       wait
-      for a in 0 1 2 4; do stage lab$a build/clab$a ablate$a; cat "$LOG/lab$a.log"; done ;;
+      for a in ${LAB_ABLATIONS:-0 1 2 4}; do stage lab$a build/clab$a ablate$a; cat "$LOG/lab$a.log"; done ;;
     profile)
       stage profile ncu --clock-control none --kernel-name regex:rnn_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \

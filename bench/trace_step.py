@@ -73,7 +73,7 @@ def main():
             model(x, h0)
 
     def train_step():
-        torch.autograd.grad(model(x, h0)[0].float().sum(), params)
+        torch.autograd.grad(model(x, h0)[0].sum(), params)
 
     cuda = args.device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -1,5 +1,6 @@
-"""prnn::forward / prnn::backward / prnn::plan: values against a float64
-loop, layouts, registrations (opcheck, gradcheck), errors, empty sizes."""
+"""prnn::forward / prnn::backward / prnn::layer / prnn::plan: values against
+a float64 loop, layouts, registrations (opcheck, gradcheck), errors, empty
+sizes."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 import torch_prnn
 from conftest import assert_close, devices, make_op_inputs, needs_cuda, reference_forward
 
-forward, backward = torch.ops.prnn.forward, torch.ops.prnn.backward
+forward, backward, layer = torch.ops.prnn.forward, torch.ops.prnn.backward, torch.ops.prnn.layer
 
 
 def random_lengths(T, B):
@@ -286,6 +287,128 @@ def test_bad_backward_args(device, change, error, message):
     expected = torch.autograd.grad(reference_forward(*leaves, lengths), leaves, good["grad_y"].double())
     for name, g, ref in zip(("grad_xp", "grad_h0", "grad_w_hh"), grads, expected):
         assert_close(g, ref, torch.float32, name)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+LAYER_NAMES = ("x", "w_ih", "b_ih", "b_hh", "h0", "w_hh")
+
+
+def make_layer_inputs(T, B, I, H, dtype=torch.float64, device="cpu", bias=True, batch_first_x=False):
+    """x, w_ih, b_ih, b_hh, h0, w_hh (biases None without bias); x is a
+    transposed [B,T,I] tensor with batch_first_x (non-contiguous)."""
+    gen = torch.Generator().manual_seed(11)
+
+    def uniform(*shape, scale):
+        return ((torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale).to(device, dtype)
+
+    x = uniform(B, T, I, scale=1.0).transpose(0, 1) if batch_first_x else uniform(T, B, I, scale=1.0)
+    w_ih = uniform(H, I, scale=I**-0.5)
+    b_ih, b_hh = (uniform(H, scale=0.5), uniform(H, scale=0.5)) if bias else (None, None)
+    return [x, w_ih, b_ih, b_hh, uniform(B, H, scale=0.5), uniform(H, H, scale=H**-0.5)]
+
+
+def layer_reference(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
+    xp = x @ w_ih.t() + (b_ih + b_hh if b_ih is not None else 0)
+    return reference_forward(xp, h0, w_hh, lengths, nonlinearity)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("T,B,I,H", [(1, 1, 1, 1), (5, 3, 4, 7), (6, 2, 9, 33)])
+def test_layer_matches_reference(device, dtype, bias, with_lengths, T, B, I, H):
+    """prnn::layer = the input projection then prnn::forward: values and the
+    gradients of every input (a random loss of y) against float64, with a
+    non-contiguous x."""
+    inputs = make_layer_inputs(T, B, I, H, dtype, device, bias, batch_first_x=True)
+    lengths = random_lengths(T, B) if with_lengths else None
+    leaves = [t.requires_grad_() if t is not None else None for t in inputs]
+    y = layer(*leaves, lengths, "tanh")
+    assert y.dtype == dtype and y.shape == (T, B, H) and y.is_contiguous()
+    ref_leaves = [t.detach().double().requires_grad_() if t is not None else None for t in inputs]
+    y_ref = layer_reference(*ref_leaves, lengths, "tanh")
+    assert_close(y, y_ref, dtype, "y")
+    grad_y = torch.randn_like(y_ref)
+    present = [i for i, t in enumerate(leaves) if t is not None]
+    grads = torch.autograd.grad(y, [leaves[i] for i in present], grad_y.to(dtype))
+    grads_ref = torch.autograd.grad(y_ref, [ref_leaves[i] for i in present], grad_y)
+    for i, g, g_ref in zip(present, grads, grads_ref):
+        assert g.dtype == dtype and g.shape == leaves[i].shape
+        assert_close(g, g_ref, dtype, f"grad {LAYER_NAMES[i]}")
+
+
+@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_gradcheck(with_lengths, bias):
+    inputs = [t.requires_grad_() if t is not None else None for t in make_layer_inputs(4, 3, 2, 5, bias=bias)]
+    lengths = torch.tensor([4, 1, 3]) if with_lengths else None
+    assert torch.autograd.gradcheck(lambda *a: layer(*a, lengths, "relu"), inputs)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("which", LAYER_NAMES)
+def test_layer_grad_of_one_input(device, which):
+    """One input requires grad (the others' gradients are skipped): its
+    gradient is the one computed with every input requiring grad."""
+    inputs = make_layer_inputs(4, 3, 2, 5, device=device)
+    index = LAYER_NAMES.index(which)
+    weights = torch.randn(4, 3, 5, dtype=torch.float64, device=device)
+    everything = [t.clone().requires_grad_() for t in inputs]
+    expected = torch.autograd.grad((layer(*everything, None, "tanh") * weights).sum(), everything)[index]
+    one = [t.clone().requires_grad_(i == index) for i, t in enumerate(inputs)]
+    y = layer(*one, None, "tanh")
+    assert y.requires_grad, f"only {which} requires grad, but the output was not recorded"
+    (got,) = torch.autograd.grad((y * weights).sum(), one[index])
+    assert_close(got, expected, torch.float64, f"grad {which}")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_layer_opcheck(device, with_lengths):
+    lengths = random_lengths(4, 3) if with_lengths else None
+    inputs = [t.requires_grad_() for t in make_layer_inputs(4, 3, 2, 5, torch.float32, device)]
+    torch.library.opcheck(layer, (*inputs, lengths, "tanh"))
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("which", ["x", "w_ih", "b_hh"])
+def test_layer_forward_mode_ad_raises(device, which):
+    import torch.autograd.forward_ad as fwAD
+    inputs = make_layer_inputs(3, 2, 2, 4, device=device)
+    index = LAYER_NAMES.index(which)
+    with fwAD.dual_level():
+        inputs[index] = fwAD.make_dual(inputs[index], torch.randn_like(inputs[index]))
+        with pytest.raises(RuntimeError, match="prnn::layer: forward-mode AD .* is not supported"):
+            layer(*inputs, None, "tanh")
+
+
+BAD_LAYER_ARGS = [
+    ({"x": lambda a: a[0]}, r"prnn::layer: x must be 3-D \[steps, batch, input\], got 2-D"),
+    ({"w_ih": lambda a: a[0]}, r"prnn::layer: w_ih must be 2-D \[hidden, input\], got 1-D"),
+    ({"w_ih": lambda a: a[:, :1]}, r"prnn::layer: w_ih must have shape \[hidden, input=2\], got \[5, 1\]"),
+    ({"w_ih": lambda a: a.double()}, r"prnn::layer: w_ih must have the dtype of x \(Float\), got Double"),
+    ({"b_hh": lambda a: None}, r"prnn::layer: b_ih and b_hh must both be tensors or both be None"),
+    ({"b_ih": lambda a: a[:4]}, r"prnn::layer: b_ih must have shape \[hidden=5\], got \[4\]"),
+    ({"b_hh": lambda a: a.half()}, r"prnn::layer: b_hh must have the dtype of x \(Float\), got Half"),
+    ({"b_ih": lambda a: a.view(1, 5)}, r"prnn::layer: b_ih must be 1-D \[hidden\], got 2-D"),
+    ({"w_hh": lambda a: a[:4, :4]}, r"prnn::forward: w_hh must have shape \[hidden=5, hidden=5\], got \[4, 4\]"),
+    pytest.param({"w_ih": other_device}, r"prnn::layer: w_ih must be on the device of x \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
+    pytest.param({"b_ih": other_device}, r"prnn::layer: b_ih must be on the device of x \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
+]
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("change,message", BAD_LAYER_ARGS)
+def test_bad_layer_args(device, change, message):
+    good = dict(zip(LAYER_NAMES, make_layer_inputs(4, 3, 2, 5, torch.float32, device)))
+    bad = {k: change[k](v) if k in change else v for k, v in good.items()}
+    with pytest.raises(RuntimeError, match=message):
+        layer(*bad.values(), None, "tanh")
+    y = layer(*good.values(), None, "tanh")  # still works
+    expected = layer_reference(*[t.double() for t in good.values()], None, "tanh")
+    assert_close(y, expected, torch.float32)
     if device == "cuda":
         torch.cuda.synchronize()
 

@@ -32,6 +32,14 @@ def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
     return xp.new_empty(xp.shape)  # contiguous, like the real y
 
 
+@torch.library.register_fake("prnn::layer")
+def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
+    others = [("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh), ("h0", h0), ("w_hh", w_hh)]
+    _check_devices("prnn::layer", "x", x, [(n, t) for n, t in others if t is not None], lengths)
+    torch._check(x.dim() == 3, lambda: f"prnn::layer: x must be 3-D [steps, batch, input], got {x.dim()}-D")
+    return x.new_empty((x.shape[0], x.shape[1], w_ih.shape[0]))  # contiguous, like the real y
+
+
 @torch.library.register_fake("prnn::backward")
 def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity):
     _check_devices(
@@ -54,30 +62,35 @@ def _backward_backward(ctx, *grads):
 torch.library.register_autograd("prnn::backward", _backward_backward)
 
 
-# Autocast: run the op in the active autocast dtype, as nn.RNN does.
-# torch.library.register_autocast casts to one fixed dtype, which would turn
-# bfloat16 autocast into float16, so the rule is registered directly.
+# Autocast: run the ops in the active autocast dtype, as nn.RNN does (its
+# input GEMM and recurrence). torch.library.register_autocast casts to one
+# fixed dtype, which would turn bfloat16 autocast into float16, so the rule is
+# registered directly.
 _lib = torch.library.Library("prnn", "IMPL")
 
 
-def _register_autocast(device_type: str) -> None:
-    def forward_autocast(xp, h0, w_hh, lengths, nonlinearity):
-        dtype = torch.get_autocast_dtype(device_type)
+def _register_autocast(name: str, device_type: str) -> None:
+    op = getattr(torch.ops.prnn, name).default
 
-        def cast(t: Tensor) -> Tensor:
-            # Autocast's rule: floating tensors of this device, float64 excepted.
-            eligible = t.is_floating_point() and t.dtype != torch.float64
-            return t.to(dtype) if eligible and t.device.type == device_type else t
+    def cast(t):
+        # Autocast's rule: floating tensors of this device, float64 excepted
+        # (lengths, int64 on the CPU, and None pass through).
+        eligible = isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        if eligible and t.device.type == device_type:
+            return t.to(torch.get_autocast_dtype(device_type))
+        return t
 
+    def autocast_rule(*args):
         with torch.autocast(device_type, enabled=False):
-            return torch.ops.prnn.forward(cast(xp), cast(h0), cast(w_hh), lengths, nonlinearity)
+            return op(*[cast(a) for a in args])
 
-    _lib.impl("forward", forward_autocast, "Autocast" + device_type.upper())
+    _lib.impl(name, autocast_rule, "Autocast" + device_type.upper())
 
 
 for _device_type in ("cpu", "cuda"):
     if torch.amp.is_autocast_available(_device_type):
-        _register_autocast(_device_type)
+        for _name in ("forward", "layer"):
+            _register_autocast(_name, _device_type)
 
 
 def plan(

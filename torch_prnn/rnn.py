@@ -10,10 +10,15 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 
+# The op overload itself: the packet's name lookup and dispatch cost host time per call.
+_prnn_layer = torch.ops.prnn.layer.default
+
+
 class PersistentRNN(nn.Module):
     """Elman RNN with the interface, parameters and numbers of
     :class:`torch.nn.RNN`; each layer's recurrence runs as one persistent
-    kernel (``torch.ops.prnn.forward``) instead of one GEMM per step.
+    kernel instead of one GEMM per step (``torch.ops.prnn.layer``: the input
+    projection, then ``prnn::forward``).
 
     Parameters have nn.RNN's names, shapes, order and initialisation, so state
     dicts load both ways; :meth:`from_rnn` converts a module. ``forward``
@@ -144,7 +149,7 @@ class PersistentRNN(nn.Module):
 
     @property
     def all_weights(self) -> list[list[nn.Parameter]]:
-        return [[getattr(self, name) for name in names] for names in self._all_weights]
+        return [self._weights(index) for index in range(len(self._all_weights))]
 
     def flatten_parameters(self) -> None:
         """No-op: the kernels take each layer's weights where they are."""
@@ -247,7 +252,7 @@ class PersistentRNN(nn.Module):
         return output, h_n
 
     def _check_input(self, input: Tensor, expected_dim: int) -> None:
-        weight = self.weight_ih_l0
+        weight = self._weights(0)[0]
         if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
             raise ValueError(
                 f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
@@ -262,15 +267,25 @@ class PersistentRNN(nn.Module):
                 f"{self.input_size}, got {input.size(-1)}"
             )
 
+    def _weights(self, index: int) -> list[Tensor]:
+        """[w_ih, w_hh, b_ih, b_hh] (no biases without bias) of one layer and direction."""
+        # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
+        # host time the GPU waits for); getattr where weight_norm or a
+        # parametrization replaced a parameter with a computed attribute.
+        params = self._parameters
+        return [
+            w if (w := params.get(name)) is not None else getattr(self, name)
+            for name in self._all_weights[index]
+        ]
+
     def _layer(self, x, h0, index, reverse, lengths, flip, last):
         """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
-        # getattr, not self._parameters: weight_norm and parametrizations replace the attribute
-        w_ih, w_hh, *biases = [getattr(self, name) for name in self._all_weights[index]]
-        # All steps' input projections in one GEMM; both biases folded in.
-        xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
+        w_ih, w_hh, *biases = self._weights(index)
+        b_ih, b_hh = biases if biases else (None, None)
         if reverse:
-            xp = _flip(xp, flip)
-        y = torch.ops.prnn.forward(xp, h0, w_hh, lengths, self.nonlinearity)
+            x = _flip(x, flip)
+        # All steps' input projections in one GEMM, then the recurrence: one op.
+        y = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         # The state after each sequence's last step (in processing order).
         if last is None:
             h_n = y[-1]

@@ -37,8 +37,9 @@
 #include "persistent.cuh"
 
 /* Experiments only (bench/cluster_lab.cu): bits that take a stage out of a
- * step - 1: the mma, 2: the exchange, 4: output stores and operand loads.
- * Always 0 in the library. */
+ * step - 1: the mma, 2: the exchange, 4: output stores and operand loads;
+ * and 8: the prologue's global loads of A, 16: everything (an empty kernel of
+ * the same launch shape). Always 0 in the library. */
 #ifndef PRNN_CLUSTER_ABLATE
 #define PRNN_CLUSTER_ABLATE 0
 #endif
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * kClusterRows;
   if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
+  if (PRNN_CLUSTER_ABLATE & 16) return;
   const int seq0 = (int)cluster_index() * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
   E *out = static_cast<E *>(p.out);
@@ -262,7 +264,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
         chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
         const int i = row0 + r;
         const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
-        if (wide && last_i < H && last_k < H) {
+        if (PRNN_CLUSTER_ABLATE & 8) {
+          v[u] = make_uint4(0, 0, 0, 0);
+        } else if (wide && last_i < H && last_k < H) {
           v[u] = *reinterpret_cast<const uint4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
         } else { /* an edge of A, or a layout 16-byte loads cannot read */
           uint32_t w[CHUNK / 2];

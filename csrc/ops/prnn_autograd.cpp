@@ -1,41 +1,21 @@
-// prnn_autograd.cpp - autograd of prnn::forward, registered in C++ for every
-// device: a training step's forward and backward then never enter Python
-// for the op (torch.library's Python wrapper cost about 50 us of host time
-// per step, which the GPU waited for: bench/NOTES.md). The backward is the
-// prnn::backward op, called through the dispatcher so that its own autograd
-// registration (torch_prnn/ops.py: double backward raises) applies.
+// prnn_autograd.cpp - autograd of prnn::forward and prnn::layer, registered in
+// C++ for every device: a training step's forward and backward then never
+// enter Python for the ops (torch.library's Python wrapper cost about 50 us
+// of host time per step, which the GPU waited for: bench/NOTES.md). Both
+// backwards call the prnn::backward op through the dispatcher so that its own
+// autograd registration (torch_prnn/ops.py: double backward raises) applies.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <string>
+
+#include "prnn_ops.h"
 
 namespace torch_prnn {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("prnn::forward", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, c10::string_view)>();
-  return op.call(xp, h0, w_hh, lengths, nonlinearity);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
-    const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("prnn::backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const std::optional<at::Tensor>&, c10::string_view)>();
-  return op.call(grad_y, y, h0, w_hh, lengths, nonlinearity);
-}
 
 class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
  public:
@@ -68,18 +48,75 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
   }
 };
 
+// The pieces of a layer's gradient that prnn::backward leaves to its caller:
+// the input projection's (xp = x2d w_ih^T + b_ih + b_hh).
+class LayerFunction : public torch::autograd::Function<LayerFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w_ih,
+                            const std::optional<at::Tensor>& b_ih,
+                            const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                            const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                            c10::string_view nonlinearity) {
+    at::Tensor x2d, y;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      at::Tensor xp;
+      std::tie(x2d, xp) = input_projection(x, w_ih, b_ih, b_hh);
+      y = call_forward(xp, h0, w_hh, lengths, nonlinearity);
+    }
+    // What nn.RNN's autograd keeps: the input rows (for w_ih's gradient) and
+    // the states, not xp.
+    ctx->save_for_backward({x2d, w_ih, h0, w_hh, y, lengths.value_or(at::Tensor())});
+    ctx->saved_data["nonlinearity"] = std::string(nonlinearity);
+    ctx->saved_data["has_bias"] = b_ih.has_value();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();  // x2d, w_ih, h0, w_hh, y, lengths
+    const at::Tensor &x2d = saved[0], &w_ih = saved[1], &y = saved[4];
+    const std::optional<at::Tensor> lengths =
+        saved[5].defined() ? std::optional<at::Tensor>(saved[5]) : std::nullopt;
+    auto [grad_xp, grad_h0, grad_w_hh] =
+        call_backward(grads[0], y, saved[2], saved[3], lengths,
+                      ctx->saved_data["nonlinearity"].toStringRef());
+    // Autograd's edges are the tensor arguments present: x, w_ih, [b_ih, b_hh,] h0, w_hh.
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    // Symbolic sizes, as in input_projection (torch.compile traces this).
+    const at::Tensor rows = grad_xp.view_symint({-1, grad_xp.sym_size(2)});  // [T*B, H]
+    at::Tensor grad_x, grad_w_ih, grad_b;
+    if (ctx->needs_input_grad(0))
+      grad_x = rows.mm(w_ih).view_symint({y.sym_size(0), y.sym_size(1), w_ih.sym_size(1)});
+    if (ctx->needs_input_grad(1)) grad_w_ih = rows.t().mm(x2d);
+    if (has_bias && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3))) grad_b = rows.sum(0);
+    // One gradient per forward argument: lengths and nonlinearity have none.
+    return {grad_x, grad_w_ih, grad_b, grad_b, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
+  }
+};
+
+// Forward-mode AD (torch.autograd.forward_ad) has no jvp formula here, and
+// below autograd a dual input's tangent would be dropped without a word.
+void refuse_forward_ad(const char* op, std::initializer_list<const at::Tensor*> inputs) {
+  for (const at::Tensor* t : inputs) {
+    TORCH_CHECK(!(t->defined() && t->_fw_grad(/*level=*/0).defined()), op,
+                ": forward-mode AD (dual tensors of torch.autograd.forward_ad) is not "
+                "supported; use reverse mode (backward() or torch.autograd.grad)");
+  }
+}
+
+// Whether the call has a graph to record: grad mode on and some input requiring grad.
+bool records_graph(std::initializer_list<const at::Tensor*> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
 at::Tensor forward_autograd(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
                             const std::optional<at::Tensor>& lengths,
                             c10::string_view nonlinearity) {
-  // Forward-mode AD (torch.autograd.forward_ad): there is no jvp formula,
-  // and below autograd a dual input's tangent would be dropped without a word.
-  const auto dual = [](const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); };
-  TORCH_CHECK(!(dual(xp) || dual(h0) || dual(w_hh)),
-              "prnn::forward: forward-mode AD (dual tensors of torch.autograd.forward_ad) is not "
-              "supported; use reverse mode (backward() or torch.autograd.grad)");
-  const auto requires_grad = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
-  if (!at::GradMode::is_enabled() ||
-      !(requires_grad(xp) || requires_grad(h0) || requires_grad(w_hh))) {
+  refuse_forward_ad("prnn::forward", {&xp, &h0, &w_hh});
+  if (!records_graph({&xp, &h0, &w_hh})) {
     // Nothing to record (inference, no_grad): straight to the kernel.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_forward(xp, h0, w_hh, lengths, nonlinearity);
@@ -87,9 +124,27 @@ at::Tensor forward_autograd(const at::Tensor& xp, const at::Tensor& h0, const at
   return ForwardFunction::apply(xp, h0, w_hh, lengths, nonlinearity);
 }
 
+at::Tensor layer_autograd(const at::Tensor& x, const at::Tensor& w_ih,
+                          const std::optional<at::Tensor>& b_ih,
+                          const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                          const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                          c10::string_view nonlinearity) {
+  static const at::Tensor none;
+  const at::Tensor* bi = b_ih.has_value() ? &*b_ih : &none;
+  const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
+  refuse_forward_ad("prnn::layer", {&x, &w_ih, bi, bh, &h0, &w_hh});
+  if (!records_graph({&x, &w_ih, bi, bh, &h0, &w_hh})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_forward(input_projection(x, w_ih, b_ih, b_hh).second, h0, w_hh, lengths,
+                        nonlinearity);
+  }
+  return LayerFunction::apply(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+}
+
 }  // namespace
 }  // namespace torch_prnn
 
 TORCH_LIBRARY_IMPL(prnn, Autograd, m) {
   m.impl("forward", &torch_prnn::forward_autograd);
+  m.impl("layer", &torch_prnn::layer_autograd);
 }

@@ -1,5 +1,6 @@
-// prnn_ops.cpp - the prnn:: op schemas, their CPU impls, the plan op, and the
-// checks and GEMMs shared with the CUDA impls (prnn_ops_cuda.cpp).
+// prnn_ops.cpp - the prnn:: op schemas, their CPU impls, prnn::layer (input
+// projection + recurrence), the plan op, and the checks and GEMMs shared with
+// the CUDA impls (prnn_ops_cuda.cpp) and the autograd (prnn_autograd.cpp).
 //
 // The recurrence itself runs in csrc/kernels behind the torch-free C API of
 // prnn.h; this file only checks tensors, allocates outputs and workspace, and
@@ -175,7 +176,67 @@ std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::Scal
           plan.rows_per_cta, plan.smem_bytes};
 }
 
+// prnn::layer below autograd (and the kernel of every device): the input
+// projection in one GEMM, then the recurrence.
+at::Tensor layer(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+                 const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                 const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                 c10::string_view nonlinearity) {
+  return call_forward(input_projection(x, w_ih, b_ih, b_hh).second, h0, w_hh, lengths,
+                      nonlinearity);
+}
+
 }  // namespace
+
+std::pair<at::Tensor, at::Tensor> input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+                                                   const std::optional<at::Tensor>& b_ih,
+                                                   const std::optional<at::Tensor>& b_hh) {
+  const char* op = "prnn::layer";
+  check_rank(op, "x", x, 3, "[steps, batch, input]");
+  check_rank(op, "w_ih", w_ih, 2, "[hidden, input]");
+  check_like(op, "w_ih", w_ih, "x", x);
+  // Symbolic sizes: under torch.compile(dynamic=True) this runs on fake
+  // tensors, and reading a size as an int would specialise the graph to it.
+  const c10::SymInt T = x.sym_size(0), B = x.sym_size(1), I = x.sym_size(2), H = w_ih.sym_size(0);
+  TORCH_CHECK(w_ih.sym_size(1) == I, op, ": w_ih must have shape [hidden, input=", I, "], got ",
+              w_ih.sym_sizes());
+  TORCH_CHECK(b_ih.has_value() == b_hh.has_value(), op,
+              ": b_ih and b_hh must both be tensors or both be None");
+  const at::Tensor x2d = x.reshape_symint({T * B, I});
+  if (!b_ih.has_value()) return {x2d, x2d.mm(w_ih.t()).view_symint({T, B, H})};
+  const auto check_bias = [&](const char* name, const at::Tensor& b) {
+    check_rank(op, name, b, 1, "[hidden]");
+    check_like(op, name, b, "x", x);
+    TORCH_CHECK(b.sym_size(0) == H, op, ": ", name, " must have shape [hidden=", H, "], got ",
+                b.sym_sizes());
+  };
+  check_bias("b_ih", *b_ih);
+  check_bias("b_hh", *b_hh);
+  // Both biases folded into the GEMM's.
+  return {x2d, at::addmm(*b_ih + *b_hh, x2d, w_ih.t()).view_symint({T, B, H})};
+}
+
+at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
+                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::forward", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(xp, h0, w_hh, lengths, nonlinearity);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
+    const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(grad_y, y, h0, w_hh, lengths, nonlinearity);
+}
 
 prnn_problem_t check_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
                              const std::optional<at::Tensor>& lengths,
@@ -287,6 +348,13 @@ TORCH_LIBRARY(prnn, m) {
   m.def(
       "backward(Tensor grad_y, Tensor y, Tensor h0, Tensor w_hh, Tensor? lengths, "
       "str nonlinearity) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh)");
+  // What PersistentRNN runs per layer and direction: x [T,B,I] -> y [T,B,H],
+  // with xp = x w_ih^T + b_ih + b_hh. One op (one autograd node) instead of
+  // the projection's and the recurrence's: host time the GPU waits for in
+  // eager calls (bench/NOTES.md).
+  m.def(
+      "layer(Tensor x, Tensor w_ih, Tensor? b_ih, Tensor? b_hh, Tensor h0, Tensor w_hh, "
+      "Tensor? lengths, str nonlinearity) -> Tensor");
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
@@ -297,4 +365,9 @@ TORCH_LIBRARY(prnn, m) {
 TORCH_LIBRARY_IMPL(prnn, CPU, m) {
   m.impl("forward", &torch_prnn::forward_cpu);
   m.impl("backward", &torch_prnn::backward_cpu);
+}
+
+// The layer's GEMM and the recurrence's own dispatch cover every device.
+TORCH_LIBRARY_IMPL(prnn, CompositeExplicitAutograd, m) {
+  m.impl("layer", &torch_prnn::layer);
 }

@@ -1,12 +1,13 @@
-// prnn_ops.h - what the CPU and CUDA impls of the prnn:: ops share: argument
-// checks, the C API structs filled from tensors, status errors, and the
-// weight-gradient GEMMs.
+// prnn_ops.h - what the CPU and CUDA impls and the autograd of the prnn:: ops
+// share: argument checks, the C API structs filled from tensors, status
+// errors, the GEMMs around the recurrence, and dispatcher calls of the ops.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "../kernels/prnn.h"
 
@@ -57,6 +58,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
                                                                const at::Tensor& y,
                                                                const at::Tensor& h0,
                                                                const at::Tensor& w_hh);
+
+// prnn::forward and prnn::backward through the dispatcher (below whatever
+// dispatch key the caller has excluded).
+at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
+                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
+    const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+
+// prnn::layer's input projection, checked: x [T,B,I] as rows x2d [T*B,I] (a
+// view when x allows it) and xp = x2d w_ih^T + b_ih + b_hh as [T,B,H].
+std::pair<at::Tensor, at::Tensor> input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+                                                   const std::optional<at::Tensor>& b_ih,
+                                                   const std::optional<at::Tensor>& b_hh);
 
 #ifdef WITH_CUDA
 // prnn_plan_cuda for `device` (the current CUDA device when it has no index).
