@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test (TEST_ARGS) gputest bench quick diag trace lab profile sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab profile sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
 # the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
@@ -74,6 +74,9 @@ for s in $stages; do
         grep "==" "$LOG/trace_$dt.log"
       done
       tar czf "$OUT/trace.tar.gz" -C "$OUT" trace && rm -r "$OUT/trace" ;;
+    spread) # eager figures round to round, and the GPU-only time behind a spin
+      stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5}
+      grep "^spread" "$LOG/spread.log" ;;
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"
       tail -20 "$LOG/quick.log" ;;
