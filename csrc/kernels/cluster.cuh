@@ -39,7 +39,7 @@
 /* Experiments only (bench/cluster_lab.cu): bits that take a stage out of a
  * step - 1: the mma, 2: the exchange, 4: output stores and operand loads;
  * and 8: the prologue's global loads of A, 16: everything (an empty kernel of
- * the same launch shape). Always 0 in the library. */
+ * the same launch shape), 32: output stores alone. Always 0 in the library. */
 #ifndef PRNN_CLUSTER_ABLATE
 #define PRNN_CLUSTER_ABLATE 0
 #endif
@@ -64,15 +64,18 @@ struct ClusterConfig {
  * stores free of bank conflicts and every row 16-byte aligned. */
 __host__ __device__ constexpr int cluster_state_pitch(int k_extent) { return k_extent + 8; }
 const int kClusterSlicePitch = kClusterRows + 8;
+/* Row pitch (fp32) of the warps' partial sums [8 warps][8 sequences][64 + 4]:
+ * the mma's C fragments go in as scalar stores that hit 32 different banks. */
+const int kClusterPartialPitch = kClusterRows + 4;
 
 /* Dynamic shared memory of the kernel for a K extent: first the mbarriers
  * [2 buffers][8 warps], a space of their own (no other access ever touches
  * them); then, while stepping, two state buffers [8][K + 8] 16-bit, the warps'
- * partial sums [8][64][8] fp32 and the outgoing slice [8][72] 16-bit; before
+ * partial sums [8][8][64 + 4] fp32 and the outgoing slice [8][72] 16-bit; before
  * stepping, the same space stages A (cluster_stage_smem). */
 const int kClusterBarBytes = 2 * kClusterWarps * 8;
 __host__ __device__ constexpr int cluster_step_smem(int k_extent) {
-  return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 + kClusterWarps * kClusterRows * kClusterSeqs * 4 +
+  return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 + kClusterWarps * kClusterSeqs * kClusterPartialPitch * 4 +
          kClusterSeqs * kClusterSlicePitch * 2;
 }
 /* The A staging area: [64][K + 8] forward (rows of W_hh contiguous), [K][64 + 8]
@@ -225,13 +228,13 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const E *h0 = static_cast<const E *>(p.h0);
 
   /* shared memory: bars[2][8] mbarriers, then state[2][8][SPITCH] 16-bit,
-   * partial[8 warps][64 rows][8] fp32, slice[8][72] 16-bit (or the A staging area) */
+   * partial[8 warps][8 sequences][64 + 4] fp32, slice[8][72] 16-bit (or the A staging area) */
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
   unsigned char *space = smem + kClusterBarBytes;
   unsigned short *state = reinterpret_cast<unsigned short *>(space);
   float *partial = reinterpret_cast<float *>(space + 2 * kClusterSeqs * SPITCH * 2);
-  unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterRows * kClusterSeqs);
+  unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterSeqs * kClusterPartialPitch);
 
   /* A fragments (mma row-major 16x16): a[m][kt] = rows 16m + {g, g+8}, k = 16(w KT + kt) + {2q, 2q+8} (+1).
    * Staged through shared memory (coalesced global reads, then ldmatrix) so the
@@ -325,11 +328,18 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     }
   }
 
-  /* This thread's outputs: o = tid + 256 i is (row r = o / 8, sequence n = o % 8). */
+  /* This thread's outputs: sequence n = warp, local rows lane + 32 i, so that a
+   * warp's loads of xp and stores of y are 32 consecutive elements (2-byte
+   * accesses 8 sequences apart kept the memory pipe busy: bench/NOTES.md),
+   * and warps of sequences past the group's live ones skip the epilogue. */
+  static_assert(kClusterWarps == kClusterSeqs && OPT * 32 == kClusterRows, "one warp per sequence");
   int o_row[OPT], o_b[OPT], o_len[OPT];
   bool o_valid[OPT];
-  E o_in[OPT], o_y[OPT];     /* epilogue operands of this step */
-  E next_in[OPT], next_y[OPT]; /* of the next step, loading a whole step ahead */
+  E o_in[OPT], o_y[OPT];       /* epilogue operands of this step */
+  E next_in[OPT], next_y[OPT];   /* of the next step */
+  E after_in[OPT], after_y[OPT]; /* of the step after: loads run two steps ahead */
+#pragma unroll
+  for (int i = 0; i < OPT; ++i) after_in[i] = after_y[i] = Round<E>::to(0.f); /* T = 2 never loads them */
   E o_out[OPT];
   auto load_operands = [&](int s_at, E (&vin)[OPT], E (&vy)[OPT]) {
     const int t = p.backward ? T - 1 - s_at : s_at;
@@ -341,14 +351,14 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   };
 #pragma unroll
   for (int i = 0; i < OPT; ++i) {
-    const int o = tid + kClusterThreads * i;
-    o_row[i] = row0 + o / kClusterSeqs;
-    o_b[i] = seq0 + o % kClusterSeqs;
-    o_valid[i] = o_row[i] < H && o % kClusterSeqs < live; /* n >= live: another group's sequence, or none */
+    o_row[i] = row0 + lane + 32 * i;
+    o_b[i] = seq0 + warp;
+    o_valid[i] = o_row[i] < H && warp < live; /* n >= live: another group's sequence, or none */
     o_len[i] = o_valid[i] ? sequence_length(p.lengths, o_b[i], T) : 0;
   }
   load_operands(0, o_in, o_y);
   if (T > 1) load_operands(1, next_in, next_y);
+  if (T > 2) load_operands(2, after_in, after_y);
 
   /* mbarriers [2 buffers][8 warps]; every CTA of the cluster has started and
    * initialised its state and barriers before any peer writes into them. */
@@ -406,27 +416,29 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     /* C fragment: acc[m] = rows 16m + {g, g+8}, sequences 2q, 2q+1. */
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-      float *part = partial + (warp * kClusterRows + 16 * m + g) * kClusterSeqs + 2 * q;
-      *reinterpret_cast<float2 *>(part) = make_float2(acc[m][0], acc[m][1]);
-      *reinterpret_cast<float2 *>(part + 8 * kClusterSeqs) = make_float2(acc[m][2], acc[m][3]);
+      float *part = partial + (warp * kClusterSeqs + 2 * q) * kClusterPartialPitch + 16 * m + g;
+      part[0] = acc[m][0];
+      part[kClusterPartialPitch] = acc[m][1];
+      part[8] = acc[m][2];
+      part[kClusterPartialPitch + 8] = acc[m][3];
     }
     __syncthreads();
 
+    if (warp < live) { /* warp-uniform: the slices of sequences past live are never sent */
 #pragma unroll
-    for (int i = 0; i < OPT; ++i) {
-      const int o = tid + kClusterThreads * i; /* = local row * 8 + n */
-      float mat = 0.f;
+      for (int i = 0; i < OPT; ++i) {
+        const int r = lane + 32 * i; /* local row; the sequence is n = warp */
+        float mat = 0.f;
 #pragma unroll
-      for (int w = 0; w < kClusterWarps; ++w) mat += partial[w * kClusterRows * kClusterSeqs + o];
-      const bool active = o_valid[i] && t < o_len[i];
-      /* past the length the state stays s_{t-1}: it is in this CTA's own buffer */
-      const float frozen = (o_valid[i] && !active && !p.backward)
-                               ? from_bits<E>(prev[(o % kClusterSeqs) * SPITCH + o_row[i]])
-                               : 0.f;
-      float st;
-      o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, to_accum(o_in[i]), to_accum(o_y[i]), frozen, &st));
-      slice[(o % kClusterSeqs) * kClusterSlicePitch + o / kClusterSeqs] =
-          o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
+        for (int w = 0; w < kClusterWarps; ++w) mat += partial[(w * kClusterSeqs + warp) * kClusterPartialPitch + r];
+        const bool active = o_valid[i] && t < o_len[i];
+        /* past the length the state stays s_{t-1}: it is in this CTA's own buffer */
+        const float frozen =
+            (o_valid[i] && !active && !p.backward) ? from_bits<E>(prev[warp * SPITCH + o_row[i]]) : 0.f;
+        float st;
+        o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, to_accum(o_in[i]), to_accum(o_y[i]), frozen, &st));
+        slice[warp * kClusterSlicePitch + r] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
+      }
     }
     __syncthreads();
 
@@ -449,15 +461,18 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     }
 #pragma unroll
     for (int i = 0; i < OPT; ++i)
-      if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 4)) out[((size_t)t * B + o_b[i]) * H + o_row[i]] = o_out[i];
-    /* Operand loads run a step ahead: one loaded behind this step's wait came back late. */
+      if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 36)) out[((size_t)t * B + o_b[i]) * H + o_row[i]] = o_out[i];
+    /* Operand loads run two steps ahead: one loaded behind this step's wait
+     * came back late, and one a step ahead still stalled the step's end. */
     if (s + 1 < T) {
 #pragma unroll
       for (int i = 0; i < OPT; ++i) {
         o_in[i] = next_in[i];
         o_y[i] = next_y[i];
+        next_in[i] = after_in[i];
+        next_y[i] = after_y[i];
       }
-      if (s + 2 < T && !(PRNN_CLUSTER_ABLATE & 4)) load_operands(s + 2, next_in, next_y);
+      if (s + 3 < T && !(PRNN_CLUSTER_ABLATE & 4)) load_operands(s + 3, after_in, after_y);
     }
     if (PRNN_CLUSTER_ABLATE & 2) __syncthreads();
   }
