@@ -252,7 +252,9 @@ class PersistentRNN(nn.Module):
         return output, h_n
 
     def _check_input(self, input: Tensor, expected_dim: int) -> None:
-        weight = self._weights(0)[0]
+        weight = self._parameters.get("weight_ih_l0")
+        if weight is None:  # replaced by weight_norm or a parametrization
+            weight = self.weight_ih_l0
         if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
             raise ValueError(
                 f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "

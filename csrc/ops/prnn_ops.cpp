@@ -112,7 +112,7 @@ at::Tensor forward_cpu(const at::Tensor& xp, const at::Tensor& h0, const at::Ten
   check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_FORWARD, &plan));
   at::Tensor ws = workspace(plan, xp);
   const prnn_forward_args_t args = forward_args(xp_, h0_, w_hh_, host_lengths32, y);
-  check_status(op, prnn_forward_cpu(&problem, &args, ws.data_ptr(), plan.workspace_bytes));
+  check_status(op, prnn_forward_cpu(&problem, &args, workspace_ptr(ws), plan.workspace_bytes));
   return y;
 }
 
@@ -137,7 +137,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_BACKWARD_DATA, &plan));
     at::Tensor ws = workspace(plan, y);
     const prnn_backward_args_t args = backward_args(grad_y_, y_, w_hh_, host_lengths32, grad_xp);
-    check_status(op, prnn_backward_data_cpu(&problem, &args, ws.data_ptr(), plan.workspace_bytes));
+    check_status(op, prnn_backward_data_cpu(&problem, &args, workspace_ptr(ws), plan.workspace_bytes));
   }
   return finish_backward(grad_xp, y, h0, w_hh);
 }
@@ -276,8 +276,11 @@ at::Tensor host_lengths(const char* op, const std::optional<at::Tensor>& lengths
 }
 
 at::Tensor workspace(const prnn_plan_t& plan, const at::Tensor& like) {
+  if (plan.workspace_bytes == 0) return at::Tensor();  // the cluster and CPU tiers: no allocator call
   return at::empty({static_cast<int64_t>(plan.workspace_bytes)}, like.options().dtype(at::kByte));
 }
+
+void* workspace_ptr(const at::Tensor& ws) { return ws.defined() ? ws.data_ptr() : nullptr; }
 
 bool is_empty(const prnn_problem_t& problem) {
   return problem.steps == 0 || problem.batch == 0 || problem.hidden == 0;

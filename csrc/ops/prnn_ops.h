@@ -33,8 +33,10 @@ at::Tensor host_lengths(const char* op, const std::optional<at::Tensor>& lengths
 // which takes sizes >= 1, is not called.
 bool is_empty(const prnn_problem_t& problem);
 
-// Workspace of `plan`'s size on like's device (the C API never allocates).
+// Workspace of `plan`'s size on like's device (the C API never allocates);
+// undefined when the plan needs none. workspace_ptr: its address, or NULL.
 at::Tensor workspace(const prnn_plan_t& plan, const at::Tensor& like);
+void* workspace_ptr(const at::Tensor& ws);
 
 // The C API takes a stride per outer dimension but a unit-stride last one.
 at::Tensor unit_last_stride(const at::Tensor& t);

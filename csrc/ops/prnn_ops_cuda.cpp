@@ -38,7 +38,7 @@ at::Tensor forward_cuda(const at::Tensor& xp, const at::Tensor& h0, const at::Te
   check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
   at::Tensor ws = workspace(plan, xp);
   const prnn_forward_args_t args = forward_args(xp_, h0_, w_hh_, lengths32, y);
-  check_status(op, prnn_forward_cuda(&problem, &args, ws.data_ptr(), plan.workspace_bytes,
+  check_status(op, prnn_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                      current_stream()));
   return y;
 }
@@ -59,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
     at::Tensor ws = workspace(plan, y);
     const prnn_backward_args_t args = backward_args(grad_y_, y_, w_hh_, lengths32, grad_xp);
-    check_status(op, prnn_backward_data_cuda(&problem, &args, ws.data_ptr(), plan.workspace_bytes,
+    check_status(op, prnn_backward_data_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                              current_stream()));
   }
   return finish_backward(grad_xp, y, h0, w_hh);
