@@ -376,3 +376,40 @@ def test_forward_mode_ad_refused(device):
     with fwAD.dual_level():
         with pytest.raises(RuntimeError, match="forward-mode AD .* is not supported"):
             ours(fwAD.make_dual(x, torch.randn_like(x)))
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("module", [torch.nn.RNN, torch_prnn.PersistentRNN], ids=["nn.RNN", "prnn"])
+def test_input_changed_before_backward_raises(device, module):
+    """The input (no grad, as data usually is) is saved for w_ih's gradient:
+    reusing its buffer before backward is autograd's error, as with nn.RNN,
+    not a gradient computed from the new contents."""
+    torch.manual_seed(0)
+    rnn = module(3, 4, device=device, dtype=torch.float64)
+    x = torch.randn(5, 2, 3, device=device, dtype=torch.float64)
+    output, _ = rnn(x)
+    x.mul_(100)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        output.sum().backward()
+
+
+@pytest.mark.parametrize("device", devices)
+def test_bidirectional_keeps_no_copy_of_the_input(device):
+    """Both directions of a layer keep the layer's input itself for backward,
+    not a time-reversed copy (which would add an activation per layer)."""
+    torch.manual_seed(0)
+    rnn = torch_prnn.PersistentRNN(6, 4, num_layers=2, bidirectional=True, device=device, dtype=torch.float64)
+    x = torch.randn(5, 3, 6, device=device, dtype=torch.float64)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        rnn(x)
+    layer_inputs = [t for t in saved if t.dim() == 3 and t.shape[-1] in (6, 8)]  # [T,B,I], I = 6 then 2H
+    assert layer_inputs, "no layer input was saved"
+    storages = {t.untyped_storage().data_ptr() for t in layer_inputs}
+    assert len(storages) == 2, f"expected one saved input per layer, got {len(storages)} storages"
+

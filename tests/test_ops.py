@@ -211,6 +211,27 @@ def test_empty(device):
     assert y.shape == (3, 0, 4)
     grad_w = torch.autograd.grad(y, w, torch.ones_like(y))[0]
     assert grad_w.shape == (4, 4) and (grad_w == 0).all()
+    # H == 0: empty y; empty gradients of the right shapes.
+    y = forward(xp[..., :0], h0[:, :0], w[:0, :0], None, "tanh")
+    assert y.shape == (3, 2, 0)
+    grads = torch.autograd.grad(y, (xp, h0, w), torch.ones_like(y))
+    assert [tuple(g.shape) for g in grads] == [(3, 2, 4), (2, 4), (4, 4)]
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("sizes", [(0, 3, 2, 5), (4, 0, 2, 5), (4, 3, 0, 5), (4, 3, 2, 0)], ids=str)
+def test_layer_empty(device, bias, sizes):
+    """prnn::layer with T, B, I or H zero: an empty or zero result and
+    gradients of every input's shape (zero wherever nothing flows)."""
+    T, B, I, H = sizes
+    inputs = [t.requires_grad_() if t is not None else None for t in make_layer_inputs(T, B, I, H, device=device, bias=bias)]
+    y = layer(*inputs, None, "tanh")
+    assert y.shape == (T, B, H)
+    present = [t for t in inputs if t is not None]
+    grads = torch.autograd.grad(y, present, torch.ones_like(y), allow_unused=True)
+    for t, g in zip(present, grads):
+        assert g is None or g.shape == t.shape
 
 
 def other_device(t):
@@ -303,9 +324,9 @@ def make_layer_inputs(T, B, I, H, dtype=torch.float64, device="cpu", bias=True, 
         return ((torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale).to(device, dtype)
 
     x = uniform(B, T, I, scale=1.0).transpose(0, 1) if batch_first_x else uniform(T, B, I, scale=1.0)
-    w_ih = uniform(H, I, scale=I**-0.5)
+    w_ih = uniform(H, I, scale=max(I, 1) ** -0.5)
     b_ih, b_hh = (uniform(H, scale=0.5), uniform(H, scale=0.5)) if bias else (None, None)
-    return [x, w_ih, b_ih, b_hh, uniform(B, H, scale=0.5), uniform(H, H, scale=H**-0.5)]
+    return [x, w_ih, b_ih, b_hh, uniform(B, H, scale=0.5), uniform(H, H, scale=max(H, 1) ** -0.5)]
 
 
 def layer_reference(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):

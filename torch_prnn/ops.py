@@ -36,8 +36,28 @@ def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
 def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
     others = [("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh), ("h0", h0), ("w_hh", w_hh)]
     _check_devices("prnn::layer", "x", x, [(n, t) for n, t in others if t is not None], lengths)
+    # The shapes the real kernels check, so that tracing fails where running would.
     torch._check(x.dim() == 3, lambda: f"prnn::layer: x must be 3-D [steps, batch, input], got {x.dim()}-D")
-    return x.new_empty((x.shape[0], x.shape[1], w_ih.shape[0]))  # contiguous, like the real y
+    torch._check(
+        w_ih.dim() == 2 and w_ih.shape[1] == x.shape[2],
+        lambda: f"prnn::layer: w_ih must have shape [hidden, input={x.shape[2]}], got {list(w_ih.shape)}",
+    )
+    torch._check(
+        (b_ih is None) == (b_hh is None),
+        lambda: "prnn::layer: b_ih and b_hh must both be tensors or both be None",
+    )
+    steps, batch, hidden = x.shape[0], x.shape[1], w_ih.shape[0]
+    for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
+        torch._check(
+            b is None or b.shape == (hidden,),
+            lambda: f"prnn::layer: {name} must have shape [hidden={hidden}], got {list(b.shape)}",
+        )
+    torch._check(
+        h0.shape == (batch, hidden) and w_hh.shape == (hidden, hidden),
+        lambda: f"prnn::layer: h0 must be [batch={batch}, hidden={hidden}] and w_hh "
+        f"[hidden, hidden], got {list(h0.shape)} and {list(w_hh.shape)}",
+    )
+    return x.new_empty((steps, batch, hidden))  # contiguous, like the real y
 
 
 @torch.library.register_fake("prnn::backward")

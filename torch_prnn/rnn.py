@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 
-# The op overload itself: the packet's name lookup and dispatch cost host time per call.
-_prnn_layer = torch.ops.prnn.layer.default
+# The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
+_prnn_layer, _prnn_forward = torch.ops.prnn.layer.default, torch.ops.prnn.forward.default
 
 
 class PersistentRNN(nn.Module):
@@ -283,11 +283,16 @@ class PersistentRNN(nn.Module):
     def _layer(self, x, h0, index, reverse, lengths, flip, last):
         """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
         w_ih, w_hh, *biases = self._weights(index)
-        b_ih, b_hh = biases if biases else (None, None)
         if reverse:
-            x = _flip(x, flip)
-        # All steps' input projections in one GEMM, then the recurrence: one op.
-        y = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
+            # The projection of x itself, then reversed: its autograd keeps x,
+            # which the forward direction keeps too, where prnn::layer on a
+            # reversed x would keep a reversed copy of it.
+            xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
+            y = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
+        else:
+            # All steps' input projections in one GEMM, then the recurrence: one op.
+            b_ih, b_hh = biases if biases else (None, None)
+            y = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         # The state after each sequence's last step (in processing order).
         if last is None:
             h_n = y[-1]

@@ -48,8 +48,7 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
   }
 };
 
-// The pieces of a layer's gradient that prnn::backward leaves to its caller:
-// the input projection's (xp = x2d w_ih^T + b_ih + b_hh).
+// prnn::forward's autograd plus the input projection's (xp = x w_ih^T + b_ih + b_hh).
 class LayerFunction : public torch::autograd::Function<LayerFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w_ih,
@@ -57,24 +56,23 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
                             const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
                             const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                             c10::string_view nonlinearity) {
-    at::Tensor x2d, y;
+    at::Tensor y;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      at::Tensor xp;
-      std::tie(x2d, xp) = input_projection(x, w_ih, b_ih, b_hh);
-      y = call_forward(xp, h0, w_hh, lengths, nonlinearity);
+      y = call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
     }
-    // What nn.RNN's autograd keeps: the input rows (for w_ih's gradient) and
-    // the states, not xp.
-    ctx->save_for_backward({x2d, w_ih, h0, w_hh, y, lengths.value_or(at::Tensor())});
+    // What nn.RNN's autograd keeps: the input (for w_ih's gradient) and the
+    // states, not xp. x itself, not its rows: a view made below autograd has
+    // a version counter of its own, which would hide an in-place change of x.
+    ctx->save_for_backward({x, w_ih, h0, w_hh, y, lengths.value_or(at::Tensor())});
     ctx->saved_data["nonlinearity"] = std::string(nonlinearity);
     ctx->saved_data["has_bias"] = b_ih.has_value();
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();  // x2d, w_ih, h0, w_hh, y, lengths
-    const at::Tensor &x2d = saved[0], &w_ih = saved[1], &y = saved[4];
+    const variable_list saved = ctx->get_saved_variables();  // x, w_ih, h0, w_hh, y, lengths
+    const at::Tensor &x = saved[0], &w_ih = saved[1], &y = saved[4];
     const std::optional<at::Tensor> lengths =
         saved[5].defined() ? std::optional<at::Tensor>(saved[5]) : std::nullopt;
     auto [grad_xp, grad_h0, grad_w_hh] =
@@ -82,12 +80,10 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
                       ctx->saved_data["nonlinearity"].toStringRef());
     // Autograd's edges are the tensor arguments present: x, w_ih, [b_ih, b_hh,] h0, w_hh.
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    // Symbolic sizes, as in input_projection (torch.compile traces this).
-    const at::Tensor rows = grad_xp.view_symint({-1, grad_xp.sym_size(2)});  // [T*B, H]
+    const at::Tensor rows = as_rows(grad_xp);  // [T*B, H]
     at::Tensor grad_x, grad_w_ih, grad_b;
-    if (ctx->needs_input_grad(0))
-      grad_x = rows.mm(w_ih).view_symint({y.sym_size(0), y.sym_size(1), w_ih.sym_size(1)});
-    if (ctx->needs_input_grad(1)) grad_w_ih = rows.t().mm(x2d);
+    if (ctx->needs_input_grad(0)) grad_x = rows.mm(w_ih).view_symint(x.sym_sizes());
+    if (ctx->needs_input_grad(1)) grad_w_ih = rows.t().mm(as_rows(x));
     if (has_bias && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3))) grad_b = rows.sum(0);
     // One gradient per forward argument: lengths and nonlinearity have none.
     return {grad_x, grad_w_ih, grad_b, grad_b, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
@@ -135,8 +131,7 @@ at::Tensor layer_autograd(const at::Tensor& x, const at::Tensor& w_ih,
   refuse_forward_ad("prnn::layer", {&x, &w_ih, bi, bh, &h0, &w_hh});
   if (!records_graph({&x, &w_ih, bi, bh, &h0, &w_hh})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_forward(input_projection(x, w_ih, b_ih, b_hh).second, h0, w_hh, lengths,
-                        nonlinearity);
+    return call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
   }
   return LayerFunction::apply(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
 }

@@ -182,28 +182,29 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& w_ih, const std::optiona
                  const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
                  const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                  c10::string_view nonlinearity) {
-  return call_forward(input_projection(x, w_ih, b_ih, b_hh).second, h0, w_hh, lengths,
-                      nonlinearity);
+  return call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
 }
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> input_projection(const at::Tensor& x, const at::Tensor& w_ih,
-                                                   const std::optional<at::Tensor>& b_ih,
-                                                   const std::optional<at::Tensor>& b_hh) {
+at::Tensor as_rows(const at::Tensor& t) {
+  return t.reshape_symint({t.sym_size(0) * t.sym_size(1), t.sym_size(2)});
+}
+
+at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+                            const std::optional<at::Tensor>& b_ih,
+                            const std::optional<at::Tensor>& b_hh) {
   const char* op = "prnn::layer";
   check_rank(op, "x", x, 3, "[steps, batch, input]");
   check_rank(op, "w_ih", w_ih, 2, "[hidden, input]");
   check_like(op, "w_ih", w_ih, "x", x);
-  // Symbolic sizes: under torch.compile(dynamic=True) this runs on fake
-  // tensors, and reading a size as an int would specialise the graph to it.
+  // Symbolic sizes (see as_rows).
   const c10::SymInt T = x.sym_size(0), B = x.sym_size(1), I = x.sym_size(2), H = w_ih.sym_size(0);
   TORCH_CHECK(w_ih.sym_size(1) == I, op, ": w_ih must have shape [hidden, input=", I, "], got ",
               w_ih.sym_sizes());
   TORCH_CHECK(b_ih.has_value() == b_hh.has_value(), op,
               ": b_ih and b_hh must both be tensors or both be None");
-  const at::Tensor x2d = x.reshape_symint({T * B, I});
-  if (!b_ih.has_value()) return {x2d, x2d.mm(w_ih.t()).view_symint({T, B, H})};
+  if (!b_ih.has_value()) return as_rows(x).mm(w_ih.t()).view_symint({T, B, H});
   const auto check_bias = [&](const char* name, const at::Tensor& b) {
     check_rank(op, name, b, 1, "[hidden]");
     check_like(op, name, b, "x", x);
@@ -213,7 +214,7 @@ std::pair<at::Tensor, at::Tensor> input_projection(const at::Tensor& x, const at
   check_bias("b_ih", *b_ih);
   check_bias("b_hh", *b_hh);
   // Both biases folded into the GEMM's.
-  return {x2d, at::addmm(*b_ih + *b_hh, x2d, w_ih.t()).view_symint({T, B, H})};
+  return at::addmm(*b_ih + *b_hh, as_rows(x), w_ih.t()).view_symint({T, B, H});
 }
 
 at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
@@ -332,15 +333,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
                                                                const at::Tensor& y,
                                                                const at::Tensor& h0,
                                                                const at::Tensor& w_hh) {
-  const int64_t T = grad_xp.size(0), H = grad_xp.size(2);
+  const int64_t T = grad_xp.size(0);
   if (T == 0) {
     return {grad_xp, at::zeros(h0.sizes(), h0.options()), at::zeros(w_hh.sizes(), w_hh.options())};
   }
   const at::Tensor delta0 = grad_xp.select(0, 0);  // batch x hidden
   // Steps 1..T-1 in one GEMM over the flattened (step, batch) rows, added to
   // the t = 0 term, whose previous state is h0.
-  at::Tensor grad_w_hh = at::addmm(delta0.t().mm(h0), grad_xp.slice(0, 1).reshape({-1, H}).t(),
-                                   y.slice(0, 0, T - 1).reshape({-1, H}));
+  at::Tensor grad_w_hh = at::addmm(delta0.t().mm(h0), as_rows(grad_xp.slice(0, 1)).t(),
+                                   as_rows(y.slice(0, 0, T - 1)));
   return {grad_xp, delta0.mm(w_hh), grad_w_hh};
 }
 

@@ -7,7 +7,6 @@
 
 #include <optional>
 #include <tuple>
-#include <utility>
 
 #include "../kernels/prnn.h"
 
@@ -69,11 +68,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
-// prnn::layer's input projection, checked: x [T,B,I] as rows x2d [T*B,I] (a
-// view when x allows it) and xp = x2d w_ih^T + b_ih + b_hh as [T,B,H].
-std::pair<at::Tensor, at::Tensor> input_projection(const at::Tensor& x, const at::Tensor& w_ih,
-                                                   const std::optional<at::Tensor>& b_ih,
-                                                   const std::optional<at::Tensor>& b_hh);
+// prnn::layer's input projection, checked: xp = x w_ih^T + b_ih + b_hh,
+// [T,B,H] from x [T,B,I], in one GEMM.
+at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+                            const std::optional<at::Tensor>& b_ih,
+                            const std::optional<at::Tensor>& b_hh);
+
+// t [T,B,N] as rows [T*B,N] (a view when t allows it), in symbolic sizes:
+// under torch.compile(dynamic=True) this runs on fake tensors, and reading a
+// size as an int would specialise the graph to it.
+at::Tensor as_rows(const at::Tensor& t);
 
 #ifdef WITH_CUDA
 // prnn_plan_cuda for `device` (the current CUDA device when it has no index).
