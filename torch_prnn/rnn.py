@@ -17,8 +17,9 @@ _prnn_layer, _prnn_forward = torch.ops.prnn.layer.default, torch.ops.prnn.forwar
 class PersistentRNN(nn.Module):
     """Elman RNN with the interface, parameters and numbers of
     :class:`torch.nn.RNN`; each layer's recurrence runs as one persistent
-    kernel instead of one GEMM per step (``torch.ops.prnn.layer``: the input
-    projection, then ``prnn::forward``).
+    kernel instead of one GEMM per step (``torch.ops.prnn.layer``, the input
+    projection then the recurrence, for the forward direction; the input
+    projection and ``torch.ops.prnn.forward`` for the reverse).
 
     Parameters have nn.RNN's names, shapes, order and initialisation, so state
     dicts load both ways; :meth:`from_rnn` converts a module. ``forward``
@@ -303,8 +304,8 @@ class PersistentRNN(nn.Module):
 
 def _refuse_func_autodiff() -> None:
     """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
-    jacfwd) do not see through prnn::forward's autograd (a C++
-    torch::autograd::Function): they fail inside torch or at the op's
+    jacfwd) do not see through the autograd of prnn::forward and prnn::layer
+    (C++ torch::autograd::Functions): they fail inside torch or at the ops'
     forward-mode check. Refuse them up front with one clear error; vmap and
     torch.autograd work."""
     if torch.compiler.is_compiling():

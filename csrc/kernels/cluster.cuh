@@ -15,8 +15,9 @@
  * Every CTA keeps the whole previous state s_{t-1}, [8 sequences][K] 16-bit,
  * in its own shared memory. One step:
  *   ldmatrix s_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> warp partial sums
- *   to shared memory -> 256 threads sum the 8 warps, apply the activation and
- *   write out[t] -> the CTA's 64-row slice of s_t goes into every CTA's
+ *   to shared memory -> warp n sums the 8 warps' partials of sequence n's 64
+ *   rows, applies the activation and writes out[t] (warps past the group's
+ *   live sequences skip this) -> the CTA's 64-row slice of s_t goes into every CTA's
  *   shared memory by st.async (distributed shared memory), 16 bytes (8 rows
  *   of one sequence) a store and only the group's live sequences, each store
  *   counting its bytes down on an mbarrier of the receiver.

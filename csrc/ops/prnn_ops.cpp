@@ -352,7 +352,7 @@ TORCH_LIBRARY(prnn, m) {
   m.def(
       "backward(Tensor grad_y, Tensor y, Tensor h0, Tensor w_hh, Tensor? lengths, "
       "str nonlinearity) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh)");
-  // What PersistentRNN runs per layer and direction: x [T,B,I] -> y [T,B,H],
+  // What PersistentRNN runs per layer (forward direction): x [T,B,I] -> y [T,B,H],
   // with xp = x w_ih^T + b_ih + b_hh. One op (one autograd node) instead of
   // the projection's and the recurrence's: host time the GPU waits for in
   // eager calls (bench/NOTES.md).
