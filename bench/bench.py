@@ -22,13 +22,17 @@ import torch_prnn
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def median_ms(fn, iters, warmup=3):
+def median_ms(fn, iters, warmup=3, before=None):
+    """Median CUDA-event time of fn() in ms; before() runs untimed ahead of each
+    start event (on the stream, so GPU work it queues delays the start)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before is not None:
+            before()
         start.record()
         fn()
         stop.record()

@@ -9,7 +9,6 @@ calls cost on the GPU alone), the forward replayed in a CUDA graph, and the
 training step (output.sum() backward) eager and behind the spin. The gap
 between "eager" and "behind spin" is the host time the GPU waited for.
 """
-import statistics
 import sys
 
 import torch
@@ -24,18 +23,7 @@ def median_ms_behind_spin(fn, iters, spin_cycles=4_000_000):
     """Median GPU time of fn()'s work with the host's issuing hidden: the
     start event is queued behind a ~2 ms spin kernel, long enough for the
     host to issue all of fn() before the GPU reaches it."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(spin_cycles)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return median_ms(fn, iters, warmup=1, before=lambda: torch.cuda._sleep(spin_cycles))
 
 
 def main():

@@ -130,24 +130,29 @@ def test_gradcheck(with_lengths, nonlinearity):
     )
 
 
+def check_grad_of_one_input(op, leaves, index, name, device):
+    """Only leaves[index] requires grad: op's output is still recorded, and
+    that input's gradient is the one computed with all inputs requiring grad."""
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(4, 3, 5, generator=gen, dtype=torch.float64).to(device)
+    everything = [t.clone().requires_grad_() for t in leaves]
+    expected = torch.autograd.grad((op(*everything) * weights).sum(), everything)[index]
+    one = [t.clone().requires_grad_(i == index) for i, t in enumerate(leaves)]
+    y = op(*one)
+    assert y.requires_grad, f"only {name} requires grad, but the output was not recorded"
+    (got,) = torch.autograd.grad((y * weights).sum(), one[index])
+    assert_close(got, expected, torch.float64, f"grad {name}")
+
+
 @pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("with_lengths", [False, True])
 @pytest.mark.parametrize("which", ["xp", "h0", "w_hh"])
 def test_grad_of_one_input(device, with_lengths, which):
-    """Only one input requires grad: the output is still recorded, and that
-    input's gradient is the one computed with all inputs requiring grad."""
     lengths = torch.tensor([4, 1, 3]) if with_lengths else None
-    leaves = make_op_inputs(4, 3, 5, device=device)
-    gen = torch.Generator().manual_seed(3)
-    weights = torch.randn(4, 3, 5, generator=gen, dtype=torch.float64).to(device)
-    index = ("xp", "h0", "w_hh").index(which)
-    everything = [t.clone().requires_grad_() for t in leaves]
-    expected = torch.autograd.grad((forward(*everything, lengths, "tanh") * weights).sum(), everything)[index]
-    one = [t.clone().requires_grad_(i == index) for i, t in enumerate(leaves)]
-    y = forward(*one, lengths, "tanh")
-    assert y.requires_grad, f"only {which} requires grad, but the output was not recorded"
-    (got,) = torch.autograd.grad((y * weights).sum(), one[index])
-    assert_close(got, expected, torch.float64, f"grad {which}")
+    check_grad_of_one_input(
+        lambda *a: forward(*a, lengths, "tanh"), make_op_inputs(4, 3, 5, device=device),
+        ("xp", "h0", "w_hh").index(which), which, device,
+    )
 
 
 def test_lengths_changed_before_backward_raises():
@@ -371,18 +376,11 @@ def test_layer_gradcheck(with_lengths, bias):
 @pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("which", LAYER_NAMES)
 def test_layer_grad_of_one_input(device, which):
-    """One input requires grad (the others' gradients are skipped): its
-    gradient is the one computed with every input requiring grad."""
-    inputs = make_layer_inputs(4, 3, 2, 5, device=device)
-    index = LAYER_NAMES.index(which)
-    weights = torch.randn(4, 3, 5, dtype=torch.float64, device=device)
-    everything = [t.clone().requires_grad_() for t in inputs]
-    expected = torch.autograd.grad((layer(*everything, None, "tanh") * weights).sum(), everything)[index]
-    one = [t.clone().requires_grad_(i == index) for i, t in enumerate(inputs)]
-    y = layer(*one, None, "tanh")
-    assert y.requires_grad, f"only {which} requires grad, but the output was not recorded"
-    (got,) = torch.autograd.grad((y * weights).sum(), one[index])
-    assert_close(got, expected, torch.float64, f"grad {which}")
+    """The others' gradients are skipped (needs_input_grad): still the right one."""
+    check_grad_of_one_input(
+        lambda *a: layer(*a, None, "tanh"), make_layer_inputs(4, 3, 2, 5, device=device),
+        LAYER_NAMES.index(which), which, device,
+    )
 
 
 @pytest.mark.parametrize("device", devices)
