@@ -176,16 +176,15 @@ std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::Scal
           plan.rows_per_cta, plan.smem_bytes};
 }
 
-// prnn::layer below autograd (and the kernel of every device): the input
-// projection in one GEMM, then the recurrence.
-at::Tensor layer(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
-                 const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-                 const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                 c10::string_view nonlinearity) {
+}  // namespace
+
+at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& w_ih,
+                         const std::optional<at::Tensor>& b_ih,
+                         const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                         const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                         c10::string_view nonlinearity) {
   return call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
 }
-
-}  // namespace
 
 at::Tensor as_rows(const at::Tensor& t) {
   return t.reshape_symint({t.sym_size(0) * t.sym_size(1), t.sym_size(2)});
@@ -373,5 +372,5 @@ TORCH_LIBRARY_IMPL(prnn, CPU, m) {
 
 // The layer's GEMM and the recurrence's own dispatch cover every device.
 TORCH_LIBRARY_IMPL(prnn, CompositeExplicitAutograd, m) {
-  m.impl("layer", &torch_prnn::layer);
+  m.impl("layer", &torch_prnn::layer_forward);
 }

@@ -74,6 +74,14 @@ at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
                             const std::optional<at::Tensor>& b_hh);
 
+// prnn::layer below autograd, on every device (its CompositeExplicitAutograd
+// kernel): the input projection, then prnn::forward.
+at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& w_ih,
+                         const std::optional<at::Tensor>& b_ih,
+                         const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                         const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                         c10::string_view nonlinearity);
+
 // t [T,B,N] as rows [T*B,N] (a view when t allows it), in symbolic sizes:
 // under torch.compile(dynamic=True) this runs on fake tensors, and reading a
 // size as an int would specialise the graph to it.
