@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "cluster.cuh"
+#include "cluster_f32.cuh"
 
 #include "lab_common.h"
 
@@ -74,6 +75,38 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
   CHECK(cudaFree(out));
 }
 
+/* float32 (cluster_f32.cuh, DRAFT): one sequence per cluster, `batch` clusters. */
+template <int KL, int RREG>
+static void run_f32(const char *label, int batch, int hidden) {
+  void (*fn)(RecurrenceParams) = cluster_f32_kernel<KL, RREG>;
+  const int ctas = (hidden + 63) / 64, smem = cluster_f32_smem_bytes(256 * KL, 64 - RREG);
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const int big = 1024;
+  void *a, *in, *h0, *out;
+  CHECK(cudaMalloc(&a, (size_t)hidden * hidden * 4));
+  CHECK(cudaMalloc(&in, (size_t)big * batch * hidden * 4));
+  CHECK(cudaMalloc(&h0, (size_t)batch * hidden * 4));
+  CHECK(cudaMalloc(&out, (size_t)big * batch * hidden * 4));
+  CHECK(cudaMemset(a, 0, (size_t)hidden * hidden * 4));
+  CHECK(cudaMemset(in, 0, (size_t)big * batch * hidden * 4));
+  CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 4));
+  auto time_ms = [&](int steps) {
+    const RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * batch, ctas, smem, 0, &attr);
+    return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
+  };
+  const float short_ms = time_ms(64), long_ms = time_ms(big), one_ms = time_ms(1);
+  printf("{\"label\": \"%s f32\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, "
+         "\"t1_us\": %.1f}\n", label, hidden, batch, 1000.f * (long_ms - short_ms) / (big - 64),
+         1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(in));
+  CHECK(cudaFree(h0));
+  CHECK(cudaFree(out));
+}
+
 int main(int argc, char **argv) {
   const char *label = argc > 1 ? argv[1] : "cluster";
   run<8>(label, 4, 1024);
@@ -87,5 +120,8 @@ int main(int argc, char **argv) {
   run<8>(label, 8, 1024, 1);
   run<8>(label, 16, 1024, 2);
   run<8>(label, 32, 1024, 4);
+  run_f32<4, 32>(label, 4, 1024);
+  run_f32<4, 32>(label, 1, 1024);
+  run_f32<2, 64>(label, 4, 512);
   return 0;
 }

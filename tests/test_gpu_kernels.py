@@ -121,7 +121,8 @@ def test_on_chip_coverage():
 def test_cluster_tier_choice():
     """On sm_90 the 16-bit dtypes up to H = 1024 run on clusters of one CTA per
     64 rows, each cluster carrying 1 to 8 sequences: as few as the device's
-    room for clusters allows. float32 and larger H keep the grid-wide kernel."""
+    room for clusters allows; float32 too, one sequence per cluster while the
+    batch fits at once. Larger H keeps the grid-wide kernel."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters need sm_90")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -138,7 +139,25 @@ def test_cluster_tier_choice():
         assert torch_prnn.plan(4, batch=3, dtype=dtype, device="cuda")["grid"] == 3
         assert torch_prnn.plan(1024, batch=200, dtype=dtype, device="cuda")["grid"] == 16 * 25
         assert torch_prnn.plan(1025, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
-    assert torch_prnn.plan(1024, batch=4, device="cuda")["tier"] == "persistent_registers"
+    # float32 (cluster_f32.cuh): one sequence per cluster while the batch fits at once, the grid tier past that
+    p = torch_prnn.plan(1024, batch=4, device="cuda")
+    assert p["tier"] == "persistent_cluster" and p["grid"] == 16 * 4 and p["workspace_bytes"] == 0, p
+    assert torch_prnn.plan(1024, batch=200, device="cuda")["tier"] == "persistent_registers"
+    assert torch_prnn.plan(1025, batch=4, device="cuda")["tier"] != "persistent_cluster"
+
+
+@pytest.mark.parametrize("H", [1, 7, 64, 65, 500, 512, 513, 1000, 1024])
+@pytest.mark.parametrize("B", [1, 3, 5])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_cluster_f32(H, B, nonlinearity):
+    """float32 on clusters (both shapes: all rows in registers up to H = 512,
+    half in shared memory up to 1024), forward and backward with lengths,
+    against float64."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster"
+    for T, lengths in ((1, False), (2, True), (67, True)):
+        check_backward(T, B, H, torch.float32, nonlinearity, lengths=lengths, seed=H + B)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cluster.cuh"
+#include "cluster_f32.cuh"
 #include "persistent.cuh"
 #include "prnn_internal.h"
 #include "stepwise.cuh"
@@ -169,16 +170,59 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 
 /* The cluster kernel's launch for a problem. */
 struct ClusterLaunch {
-  const ClusterConfig *config; /* NULL: the problem does not take the cluster tier */
-  int ctas;                    /* cluster size: one CTA per 64 rows */
-  int group_seqs;              /* sequences per cluster, 1..8 */
-  int grid;                    /* ctas x groups */
+  PersistentKernel kernel; /* NULL: the problem does not take the cluster tier */
+  int ctas;                /* cluster size: one CTA per 64 rows */
+  int group_seqs;          /* sequences per cluster, 1..8 (1 for float32) */
+  int grid;                /* ctas x groups */
   int smem_bytes;
 };
 
 /* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
- * (device, dtype, K extent, cluster size): 0 unknown, -1 none, else the count. */
-int g_cluster_room[kMaxDevices][2][3][kClusterMaxCtas + 1];
+ * (device, dtype: bf16 f16 f32, shape, cluster size): 0 unknown, -1 none, else the count. */
+int g_cluster_room[kMaxDevices][3][3][kClusterMaxCtas + 1];
+
+/* The room of a cluster kernel launched with smem_bytes, cached in *known. Its
+ * shared-memory limit is set to the device's whole opt-in limit, so that a
+ * later, smaller problem never lowers it. */
+prnn_status_t cluster_room(int *known, PersistentKernel kernel, int ctas, int smem_bytes, const DeviceInfo &dev,
+                           int *room) {
+  *room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (*room != 0) return PRNN_STATUS_SUCCESS;
+  const void *fn = (const void *)kernel;
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(cluster kernel)");
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, smem_bytes, 0, &attr); /* one cluster */
+  int clusters = 0;
+  err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveClusters");
+  *room = clusters >= 1 ? clusters : -1;
+  __atomic_store_n(known, *room, __ATOMIC_RELEASE);
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* DRAFT, NOT RUN ON A GPU: float32 on a cluster (cluster_f32.cuh), one
+ * sequence per cluster, when the whole batch fits at once; else the grid tier. */
+prnn_status_t choose_cluster_f32(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
+  int index = 0;
+  while (index < cluster_config_count_f32 && 256 * (int64_t)cluster_configs_f32[index].k_per_thread < pb->hidden)
+    ++index;
+  if (index == cluster_config_count_f32) return PRNN_STATUS_SUCCESS;
+  const ClusterF32Config &config = cluster_configs_f32[index];
+  const int ctas = (int)((pb->hidden + kClusterRows - 1) / kClusterRows);
+  const int smem = cluster_f32_smem_bytes(256 * config.k_per_thread, kClusterRows - config.reg_rows);
+  if (smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+  int room;
+  const prnn_status_t st = cluster_room(&g_cluster_room[device][2][index][ctas], config.kernel, ctas, smem, dev, &room);
+  if (st != PRNN_STATUS_SUCCESS || room < 0 || pb->batch > room) return st;
+  c->kernel = config.kernel;
+  c->ctas = ctas;
+  c->group_seqs = 1;
+  c->grid = (int)(ctas * pb->batch);
+  c->smem_bytes = smem;
+  return PRNN_STATUS_SUCCESS;
+}
 
 /* The cluster tier: 16-bit dtypes on a device with cluster launches, when all
  * of A fits in the register files of one cluster (hidden <= 1024). A step
@@ -188,34 +232,24 @@ int g_cluster_room[kMaxDevices][2][3][kClusterMaxCtas + 1];
  * and clusters in turn (they are independent, so that is safe). */
 prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
   memset(c, 0, sizeof *c);
+  if (!dev.cluster) return PRNN_STATUS_SUCCESS;
+  if (pb->dtype == PRNN_DTYPE_FLOAT32) return choose_cluster_f32(pb, device, dev, c);
   const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (!dev.cluster || (pb->dtype != PRNN_DTYPE_BFLOAT16 && !is_half)) return PRNN_STATUS_SUCCESS;
+  if (pb->dtype != PRNN_DTYPE_BFLOAT16 && !is_half) return PRNN_STATUS_SUCCESS;
   const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
   int index = 0;
   while (index < cluster_config_count && 128 * (int64_t)table[index].k_tiles < pb->hidden) ++index;
   if (index == cluster_config_count) return PRNN_STATUS_SUCCESS;
   const int ctas = (int)((pb->hidden + kClusterRows - 1) / kClusterRows);
   ClusterLaunch cand;
-  cand.config = &table[index];
+  cand.kernel = table[index].kernel;
   cand.ctas = ctas;
   cand.smem_bytes = cluster_smem_bytes(128 * table[index].k_tiles);
   if (cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
-
-  int *known = &g_cluster_room[device][is_half][index][ctas];
-  int room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
-  if (room == 0) {
-    const void *fn = (const void *)cand.config->kernel;
-    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
-    if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(cluster_rnn_kernel)");
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, cand.smem_bytes, 0, &attr); /* one cluster */
-    int clusters = 0;
-    err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
-    if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveClusters");
-    room = clusters >= 1 ? clusters : -1;
-    __atomic_store_n(known, room, __ATOMIC_RELEASE);
-  }
+  int room;
+  const prnn_status_t st =
+      cluster_room(&g_cluster_room[device][is_half][index][ctas], cand.kernel, ctas, cand.smem_bytes, dev, &room);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   if (room < 0) return PRNN_STATUS_SUCCESS;
   const int64_t spread = (pb->batch + room - 1) / room; /* sequences per cluster if all run at once */
   cand.group_seqs = (int)(spread < 1 ? 1 : (spread > kClusterSeqs ? kClusterSeqs : spread));
@@ -243,7 +277,7 @@ prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, Clust
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = choose_cluster(pb, device, dev, cluster);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (cluster->config != NULL) {
+  if (cluster->kernel != NULL) {
     out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
     out->workspace_bytes = 0; /* the state lives in the cluster's shared memory */
     out->grid = cluster->grid;
@@ -296,7 +330,7 @@ prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, cu
   params.group_seqs = c.group_seqs;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attr);
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, c.config->kernel, params);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, c.kernel, params);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster_rnn_kernel)");
   return PRNN_STATUS_SUCCESS;
 }
@@ -320,7 +354,7 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void
   if (pl.workspace_bytes > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
                      PRNN_WORKSPACE_ALIGNMENT, workspace);
-  if (cluster.config != NULL) return launch_cluster(cluster, params, stream);
+  if (cluster.kernel != NULL) return launch_cluster(cluster, params, stream);
   if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
   err = launch_stepwise(pb->dtype, params, workspace, stream);
   if (err != cudaSuccess) return cuda_fail(err, "stepwise_rnn_kernel launch");
