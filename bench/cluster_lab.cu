@@ -75,7 +75,8 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
   CHECK(cudaFree(out));
 }
 
-/* float32 (cluster_f32.cuh, DRAFT): one sequence per cluster, `batch` clusters. */
+/* float32 (cluster_f32.cuh, DRAFT): one sequence per cluster, `batch` clusters.
+ * It ignores PRNN_CLUSTER_ABLATE: under ablate labels these lines time the whole kernel. */
 template <int KL, int RREG>
 static void run_f32(const char *label, int batch, int hidden) {
   void (*fn)(RecurrenceParams) = cluster_f32_kernel<KL, RREG>;

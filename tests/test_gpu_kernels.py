@@ -146,6 +146,17 @@ def test_cluster_tier_choice():
     assert torch_prnn.plan(1025, batch=4, device="cuda")["tier"] != "persistent_cluster"
 
 
+@pytest.mark.parametrize("H", [7, 33, 129, 1000])
+def test_float32_grid_tier_odd_sizes(H):
+    """float32 at odd H on the grid tier (a batch larger than the clusters the
+    device holds at once), now that small batches take the cluster tier."""
+    B = 17
+    while torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster":
+        B *= 2
+    assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_registers"
+    check_backward(3, B, H, torch.float32, "tanh", lengths=True, seed=H)
+
+
 @pytest.mark.parametrize("H", [1, 7, 64, 65, 500, 512, 513, 1000, 1024])
 @pytest.mark.parametrize("B", [1, 3, 5])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
@@ -225,8 +236,9 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
         assert rel_err(g, g_ref) < max(TOL[dtype], 1e-4), f"grad {name}"
 
 
-def test_cuda_graph_capture_and_replay():
-    T, B, H = 64, 4, 1024
+@pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
+def test_cuda_graph_capture_and_replay(H):
+    T, B = 64, 4
     xp, h0, w, _ = make_problem(T, B, H, torch.float32, seed=11)
     static_xp = xp.clone()
     s = torch.cuda.Stream()
@@ -276,9 +288,10 @@ def test_two_streams_at_once():
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
-def test_beside_a_long_running_kernel():
+@pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
+def test_beside_a_long_running_kernel(H):
     """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
-    xp, h0, w, _ = make_problem(100, 4, 1024, torch.float32, seed=30)
+    xp, h0, w, _ = make_problem(100, 4, H, torch.float32, seed=30)
     busy = torch.randn(4096, 4096, device="cuda")
     other = torch.cuda.Stream()
     torch.cuda.synchronize()

@@ -16,8 +16,12 @@
  * The exchange and barrier protocol is the 16-bit cluster kernel's
  * (cluster.cuh), with one barrier per CTA instead of one per warp.
  *
- * Predicted (bench/NOTES.md "Next"): ~1.2 us/step at B = 1..room (one
- * sequence per cluster) against the grid tier's 2.6 at B = 4, H = 1024.
+ * Predicted (bench/NOTES.md "Next"): 1.2-1.6 us/step at H = 1024 (the
+ * shared-memory half of A ~0.5 us, the reduce-scatter's shuffles ~0.25, the
+ * step's fixed part as in the 16-bit kernel ~0.65) against the grid tier's
+ * 2.6 at B = 4. Ideas after a first measurement: per-warp mbarriers (warp w
+ * reads only the rows of CTAs w and w + 8), a warp-owns-8-rows split of K
+ * (fewer shuffles).
  */
 #ifndef PRNN_CLUSTER_F32_CUH
 #define PRNN_CLUSTER_F32_CUH
@@ -65,14 +69,19 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
     const int i = row0 + r;
     return (i < H && k < H) ? A[i * p.a_stride_row + k * p.a_stride_col] : 0.f;
   };
+  /* The shared-memory rows first, 8 rows of loads in flight (one row at a
+   * time was 32 dependent L2 round trips: the 16-bit kernel's NOTES step 16),
+   * then the register rows. TODO before landing: the backward's A = W_hh^T
+   * reads lanes 2H elements apart here; stage it through shared memory in
+   * 16-byte chunks as cluster_rnn_kernel does. */
+#pragma unroll 8
+  for (int r = RREG; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < KL; ++j) a_smem[((r - RREG) * kClusterThreads + tid) * KL + j] = a_at(r, word_index(j));
 #pragma unroll
   for (int r = 0; r < RREG; ++r)
 #pragma unroll
     for (int j = 0; j < KL; ++j) a_reg[r][j] = a_at(r, word_index(j));
-#pragma unroll 1
-  for (int r = RREG; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < KL; ++j) a_smem[((r - RREG) * kClusterThreads + tid) * KL + j] = a_at(r, word_index(j));
 
   /* Both state buffers zero (rows past H stay zero), then s_{-1} = h0 (zero backward). */
   for (int i = tid; i < 2 * KEXT; i += kClusterThreads) state[i] = 0.f;
@@ -96,8 +105,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
   float after_in = T > 2 ? load_in(2) : 0.f, after_y = T > 2 ? load_y(2) : 0.f;
 
   const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
-  if (tid < 2) mbarrier_init(bar_base + 8u * tid, 1);
-  if (tid == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  if (tid == 0) {
+    mbarrier_init(bar_base, 1);
+    mbarrier_init(bar_base + 8u, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
   cluster_arrive();
   cluster_wait();
   /* Every CTA sends all 64 rows (zeros past H): C * 256 bytes per step into each CTA. */
@@ -132,9 +144,13 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
         for (int j = 0; j < KL; ++j) a[j] = a_reg[r < RREG ? r : 0][j];
       } else if constexpr (RSH > 0) {
 #pragma unroll
-        for (int j = 0; j < KL; j += 4)
-          *reinterpret_cast<float4 *>(&a[j]) =
-              *reinterpret_cast<const float4 *>(&a_smem[((r - RREG) * kClusterThreads + tid) * KL + j]);
+        for (int j = 0; j < KL; j += 4) {
+          const float4 v = *reinterpret_cast<const float4 *>(&a_smem[((r - RREG) * kClusterThreads + tid) * KL + j]);
+          a[j] = v.x;
+          a[j + 1] = v.y;
+          a[j + 2] = v.z;
+          a[j + 3] = v.w;
+        }
       }
       float sum = 0.f;
 #pragma unroll
