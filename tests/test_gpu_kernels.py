@@ -206,21 +206,23 @@ def test_non_contiguous_inputs(dtype):
         assert rel_err(out, ref_g) < max(TOL[dtype], 1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("H,pitch,offset", [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1)],
                          ids=["wide", "wide-offset", "wide-edge", "misaligned"])
 def test_cluster_weight_layouts(dtype, H, pitch, offset):
-    """The cluster kernel stages W_hh (rows contiguous forward, columns
+    """The cluster kernels stage W_hh (rows contiguous forward, columns
     backward) in 16-byte chunks where stride and alignment allow and element
-    by element elsewhere: row pitch a multiple of 8 or not, aligned or not,
-    H not a multiple of 8 (chunks across the edge)."""
+    by element elsewhere: row pitch a multiple of the chunk or not, aligned or
+    not, H not a multiple of the chunk (chunks across the edge)."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
     T, B = 9, 3
     assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster"
     xp, h0, w_dense, _ = make_problem(T, B, H, dtype, seed=21)
     buf = torch.randn(H + 1, pitch, device="cuda").to(dtype)
     w = buf[1:, offset:offset + H]
     w.copy_(w_dense)
-    assert w.stride(0) == pitch and w.data_ptr() % 16 == (2 * offset) % 16
+    assert w.stride(0) == pitch and w.data_ptr() % 16 == (w.element_size() * offset) % 16
     y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     ref = reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")
     assert rel_err(y, ref) < TOL[dtype], "forward"

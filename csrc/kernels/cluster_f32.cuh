@@ -30,11 +30,72 @@
 
 namespace prnn {
 
-/* Dynamic shared memory for K extent KEXT (= 256 KL) with RSH rows of A in
- * shared memory: mbarriers [2], then A [RSH][256][KL] fp32, state [2][KEXT],
- * partial sums [8 warps][64], the outgoing slice [64]. */
+/* Dynamic shared memory for K extent KEXT (= 256 KL) with RSH of the 64 rows
+ * of A in shared memory: mbarriers [2], then, while stepping, A [RSH][256][KL]
+ * fp32, state [2][KEXT], partial sums [8 warps][64], the outgoing slice [64];
+ * before stepping, the same space stages the register rows [64 - RSH][256][KL]. */
 __host__ __device__ constexpr int cluster_f32_smem_bytes(int kext, int rsh) {
-  return 16 + rsh * kext * 4 + 2 * kext * 4 + kClusterWarps * kClusterRows * 4 + kClusterRows * 4;
+  return 16 + ((rsh * kext + 2 * kext + kClusterWarps * kClusterRows + kClusterRows) > (kClusterRows - rsh) * kext
+                   ? (rsh * kext + 2 * kext + kClusterWarps * kClusterRows + kClusterRows)
+                   : (kClusterRows - rsh) * kext) * 4;
+}
+
+/* Rows [r_begin, r_begin + ROWS) of this CTA's A into dst, in the kernel's
+ * thread-private layout: dst[((r - r_begin) * 256 + t) * KL + j] = A[row0 + r][k],
+ * k = thread t's j-th column (word_index). A goes in as 16-byte chunks of 4
+ * elements along its contiguous dimension (k forward, rows backward), 8 chunks
+ * in flight per thread: W_hh^T read element by element, lanes 2H apart, was
+ * 32 sectors a load (the 16-bit kernel's NOTES step 16 and 20). */
+template <int KL, int ROWS>
+__device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams &p, int row0, int r_begin, int tid) {
+  constexpr int KEXT = kClusterThreads * KL, CHUNK = 4, INFLIGHT = 8;
+  constexpr int ROUNDS = ROWS * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
+  static_assert(ROUNDS * CHUNK * kClusterThreads * INFLIGHT == ROWS * KEXT, "bad staging split");
+  const float *A = static_cast<const float *>(p.a);
+  const int H = p.hidden;
+  const bool k_fastest = p.a_stride_col == 1;
+  const int64_t line_stride = k_fastest ? p.a_stride_row : p.a_stride_col;
+  const bool wide = (k_fastest || p.a_stride_row == 1) && line_stride % CHUNK == 0 &&
+                    (reinterpret_cast<uintptr_t>(A) & 15) == 0;
+  /* chunk c: forward (row c / (KEXT/4), k 4 (c % (KEXT/4)) + e); backward (row 4 (c % (ROWS/4)) + e, k c / (ROWS/4)) */
+  auto chunk_origin = [&](int c, int &r, int &k) {
+    r = k_fastest ? c / (KEXT / CHUNK) : (c % (ROWS / CHUNK)) * CHUNK;
+    k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (ROWS / CHUNK);
+  };
+  for (int round = 0; round < ROUNDS; ++round) {
+    float v[INFLIGHT][CHUNK];
+#pragma unroll
+    for (int u = 0; u < INFLIGHT; ++u) {
+      int r, k;
+      chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+      const int i = row0 + r_begin + r;
+      const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
+      if (wide && last_i < H && last_k < H) {
+        const float4 w = *reinterpret_cast<const float4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
+        v[u][0] = w.x;
+        v[u][1] = w.y;
+        v[u][2] = w.z;
+        v[u][3] = w.w;
+      } else { /* an edge of A, or a layout 16-byte loads cannot read */
+#pragma unroll
+        for (int e = 0; e < CHUNK; ++e) {
+          const int ii = k_fastest ? i : i + e, kk = k_fastest ? k + e : k;
+          v[u][e] = (ii < H && kk < H) ? A[ii * p.a_stride_row + kk * p.a_stride_col] : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < INFLIGHT; ++u) {
+      int r, k;
+      chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+#pragma unroll
+      for (int e = 0; e < CHUNK; ++e) {
+        const int rr = k_fastest ? r : r + e, kk = k_fastest ? k + e : k; /* kk = word_index(j) of thread t: */
+        const int t = (kk >> 1) % kClusterThreads, j = 2 * (kk / (2 * kClusterThreads)) + (kk & 1);
+        dst[(rr * kClusterThreads + t) * KL + j] = v[u][e];
+      }
+    }
+  }
 }
 
 template <int KL, int RREG>
@@ -64,24 +125,21 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
   float *partial = state + 2 * KEXT;
   float *slice = partial + kClusterWarps * R;
 
+  /* A: the register rows pass through the space the shared-memory rows and
+   * the state later take, then the shared-memory rows go to their place. */
   float a_reg[RREG][KL];
-  auto a_at = [&](int r, int k) {
-    const int i = row0 + r;
-    return (i < H && k < H) ? A[i * p.a_stride_row + k * p.a_stride_col] : 0.f;
-  };
-  /* The shared-memory rows first, 8 rows of loads in flight (one row at a
-   * time was 32 dependent L2 round trips: the 16-bit kernel's NOTES step 16),
-   * then the register rows. TODO before landing: the backward's A = W_hh^T
-   * reads lanes 2H elements apart here; stage it through shared memory in
-   * 16-byte chunks as cluster_rnn_kernel does. */
-#pragma unroll 8
-  for (int r = RREG; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < KL; ++j) a_smem[((r - RREG) * kClusterThreads + tid) * KL + j] = a_at(r, word_index(j));
+  stage_a_rows<KL, RREG>(a_smem, p, row0, 0, tid);
+  __syncthreads();
 #pragma unroll
   for (int r = 0; r < RREG; ++r)
 #pragma unroll
-    for (int j = 0; j < KL; ++j) a_reg[r][j] = a_at(r, word_index(j));
+    for (int j = 0; j < KL; j += 2) {
+      const float2 v = *reinterpret_cast<const float2 *>(&a_smem[(r * kClusterThreads + tid) * KL + j]);
+      a_reg[r][j] = v.x;
+      a_reg[r][j + 1] = v.y;
+    }
+  __syncthreads();
+  if constexpr (RSH > 0) stage_a_rows<KL, RSH>(a_smem, p, row0, RREG, tid);
 
   /* Both state buffers zero (rows past H stay zero), then s_{-1} = h0 (zero backward). */
   for (int i = tid; i < 2 * KEXT; i += kClusterThreads) state[i] = 0.f;
