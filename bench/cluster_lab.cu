@@ -75,12 +75,12 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
   CHECK(cudaFree(out));
 }
 
-/* float32 (cluster_f32.cuh, DRAFT): one sequence per cluster, `batch` clusters.
+/* float32 (cluster_f32.cuh): one sequence per cluster, `batch` clusters.
  * It ignores PRNN_CLUSTER_ABLATE: under ablate labels these lines time the whole kernel. */
-template <int KL, int RREG>
+template <int KC, int RREG>
 static void run_f32(const char *label, int batch, int hidden) {
-  void (*fn)(RecurrenceParams) = cluster_f32_kernel<KL, RREG>;
-  const int ctas = (hidden + 63) / 64, smem = cluster_f32_smem_bytes(256 * KL, 64 - RREG);
+  void (*fn)(RecurrenceParams) = cluster_f32_kernel<KC, RREG>;
+  const int ctas = hidden > 64 ? (hidden + 63) / 64 : 2, smem = cluster_f32_smem_bytes(KC, RREG);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   const int big = 1024;
@@ -121,8 +121,10 @@ int main(int argc, char **argv) {
   run<8>(label, 8, 1024, 1);
   run<8>(label, 16, 1024, 2);
   run<8>(label, 32, 1024, 4);
-  run_f32<4, 32>(label, 4, 1024);
-  run_f32<4, 32>(label, 1, 1024);
-  run_f32<2, 64>(label, 4, 512);
+  run_f32<8, 4>(label, 4, 1024);
+  run_f32<8, 4>(label, 1, 1024);
+  run_f32<8, 4>(label, 16, 1024); /* more clusters than the device holds at once: waves */
+  run_f32<4, 8>(label, 4, 512);
+  run_f32<2, 8>(label, 4, 256);
   return 0;
 }

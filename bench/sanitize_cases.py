@@ -13,11 +13,12 @@ import torch_prnn
 
 CASES = [  # (T, B, H, dtype, with lengths)
     (3, 1, 7, torch.float32, False),
+    (3, 2, 33, torch.bfloat16, True),  # a cluster of two CTAs, the second all padding
     (4, 5, 129, torch.bfloat16, True),
     (3, 12, 1024, torch.bfloat16, True),  # cluster tier: 16 CTAs x 2 clusters
     (3, 4, 1000, torch.float16, False),
     (3, 4, 1024, torch.float32, True),  # float32 cluster tier (cluster_f32.cuh)
-    (3, 17, 1024, torch.float32, True),  # float32 grid tier: more sequences than clusters fit at once
+    (3, 17, 1024, torch.float32, True),  # float32 cluster tier, more clusters than fit at once
     (3, 4, 2048, torch.float32, False),
     (3, 4, 2816, torch.bfloat16, False),
     (3, 3, 2816, torch.float16, True),

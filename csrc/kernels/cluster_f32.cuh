@@ -1,27 +1,22 @@
 /*
- * cluster_f32.cuh - DRAFT, NOT RUN ON A GPU: the cluster tier for float32
- * (H <= 1024, one sequence per cluster, sm_90).
+ * cluster_f32.cuh - the cluster tier for float32 (H <= 1024, sm_90): one
+ * sequence per cluster of one CTA per 64 rows of A (at least two CTAs).
  *
- * W_hh in float32 is 4 MiB at H = 1024: 256 KiB per CTA of a 16-CTA cluster,
- * more than a register file. CTA c owns rows [64c, 64c + 64) of A; its 256
- * threads split K as the grid tier does (thread tid holds columns
- * word_index(j), j < KL, of every owned row): rows [0, RREG) in registers,
- * rows [RREG, 64) in shared memory (thread-private, one 16-byte load per row
- * a step). FFMA, not tensor cores: float32 numerics. One step:
- *   s_{t-1} slice from shared memory -> 64 x KL FMAs per thread -> warp
- *   reduce-scatter -> shared memory -> 64 threads sum the 8 warps, apply the
- *   activation, write out[t] -> the CTA's 64-row slice of s_t (256 bytes)
- *   into every CTA's shared memory by st.async, 16 bytes a store, counted
- *   down on one mbarrier per state buffer of the receiver.
- * The exchange and barrier protocol is the 16-bit cluster kernel's
- * (cluster.cuh), with one barrier per CTA instead of one per warp.
- *
- * Predicted (bench/NOTES.md "Next"): 1.2-1.6 us/step at H = 1024 (the
- * shared-memory half of A ~0.5 us, the reduce-scatter's shuffles ~0.25, the
- * step's fixed part as in the 16-bit kernel ~0.65) against the grid tier's
- * 2.6 at B = 4. Ideas after a first measurement: per-warp mbarriers (warp w
- * reads only the rows of CTAs w and w + 8), a warp-owns-8-rows split of K
- * (fewer shuffles).
+ * W_hh in float32 is 4 MiB at H = 1024, 256 KiB per CTA of a 16-CTA cluster:
+ * more than a register file holds beside the rest. Warp w of CTA c owns rows
+ * 64c + 8w .. 64c + 8w + 7 of A over all of K; lane l holds columns
+ * 128j + 4l .. 128j + 4l + 3 (j < KC) of each, rows [0, RREG) in registers
+ * and [RREG, 8) in shared memory, read as float4s free of bank conflicts.
+ * FFMA, not tensor cores: float32 numerics. A step, each warp on its own
+ * (no CTA-wide barrier):
+ *   wait for s_{t-1} (one mbarrier per state buffer counts the bytes the
+ *   cluster sent) -> 32 KC FMAs per row and lane -> 9 shuffles sum the 8 rows
+ *   over the warp -> lanes 4r apply the activation and write out[t] -> the
+ *   warp's 8 rows (32 bytes) into every CTA's other state buffer by st.async,
+ *   one lane per (peer, half).
+ * Two state buffers are enough: a peer writes buffer X again only for step
+ * s + 2, after it had every row of step s + 1, which every warp here sends
+ * only after it read buffer X in step s.
  */
 #ifndef PRNN_CLUSTER_F32_CUH
 #define PRNN_CLUSTER_F32_CUH
@@ -30,52 +25,64 @@
 
 namespace prnn {
 
-/* Dynamic shared memory for K extent KEXT (= 256 KL) with RSH of the 64 rows
- * of A in shared memory: mbarriers [2], then, while stepping, A [RSH][256][KL]
- * fp32, state [2][KEXT], partial sums [8 warps][64], the outgoing slice [64];
- * before stepping, the same space stages the register rows [64 - RSH][256][KL]. */
-__host__ __device__ constexpr int cluster_f32_smem_bytes(int kext, int rsh) {
-  return 16 + ((rsh * kext + 2 * kext + kClusterWarps * kClusterRows + kClusterRows) > (kClusterRows - rsh) * kext
-                   ? (rsh * kext + 2 * kext + kClusterWarps * kClusterRows + kClusterRows)
-                   : (kClusterRows - rsh) * kext) * 4;
+const int kClusterF32WarpRows = kClusterRows / kClusterWarps; /* 8 rows of A per warp */
+
+/* Dynamic shared memory of shape <KC, RREG> (K extent 128 KC, RREG of a
+ * warp's 8 rows in registers): mbarriers [2], then, while stepping, the
+ * shared-memory rows of A [8 - RREG][KC][8 warps][32 lanes] float4 and the
+ * state [2][128 KC] fp32; before stepping, the same space stages the
+ * register rows [RREG][KC][8][32] float4. */
+__host__ __device__ constexpr int cluster_f32_smem_bytes(int kc, int rreg) {
+  return 16 + ((kClusterF32WarpRows - rreg) * kc * 1024 + 2 * kc * 128 > rreg * kc * 1024
+                   ? (kClusterF32WarpRows - rreg) * kc * 1024 + 2 * kc * 128
+                   : rreg * kc * 1024) * 4;
 }
 
-/* Rows [r_begin, r_begin + ROWS) of this CTA's A into dst, in the kernel's
- * thread-private layout: dst[((r - r_begin) * 256 + t) * KL + j] = A[row0 + r][k],
- * k = thread t's j-th column (word_index). A goes in as 16-byte chunks of 4
- * elements along its contiguous dimension (k forward, rows backward), 8 chunks
- * in flight per thread: W_hh^T read element by element, lanes 2H apart, was
- * 32 sectors a load (the 16-bit kernel's NOTES step 16 and 20). */
-template <int KL, int ROWS>
-__device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams &p, int row0, int r_begin, int tid) {
-  constexpr int KEXT = kClusterThreads * KL, CHUNK = 4, INFLIGHT = 8;
-  constexpr int ROUNDS = ROWS * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
-  static_assert(ROUNDS * CHUNK * kClusterThreads * INFLIGHT == ROWS * KEXT, "bad staging split");
+/* Rows rr_begin .. rr_begin + ROWS8 - 1 of each warp's 8 (CTA rows
+ * 8w + rr) into dst, laid out [rr - rr_begin][KC][8 warps][32 lanes] float4:
+ * element k of a row sits in float4 (k / 128, lane (k % 128) / 4). A goes in
+ * as 16-byte chunks of 4 elements along its contiguous dimension (k forward,
+ * rows backward), 8 chunks in flight per thread: W_hh^T read element by
+ * element has lanes 2H elements apart (the 16-bit kernel's NOTES step 16). */
+template <int KC, int ROWS8>
+__device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams &p, int row0, int rr_begin,
+                                             int tid) {
+  constexpr int KEXT = 128 * KC, NR = kClusterWarps * ROWS8, CHUNK = 4, INFLIGHT = 8;
+  constexpr int ROUNDS = NR * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
+  static_assert(ROWS8 % CHUNK == 0 && ROUNDS * CHUNK * kClusterThreads * INFLIGHT == NR * KEXT,
+                "bad staging split");
   const float *A = static_cast<const float *>(p.a);
   const int H = p.hidden;
   const bool k_fastest = p.a_stride_col == 1;
   const int64_t line_stride = k_fastest ? p.a_stride_row : p.a_stride_col;
   const bool wide = (k_fastest || p.a_stride_row == 1) && line_stride % CHUNK == 0 &&
                     (reinterpret_cast<uintptr_t>(A) & 15) == 0;
-  /* chunk c: forward (row c / (KEXT/4), k 4 (c % (KEXT/4)) + e); backward (row 4 (c % (ROWS/4)) + e, k c / (ROWS/4)) */
-  auto chunk_origin = [&](int c, int &r, int &k) {
-    r = k_fastest ? c / (KEXT / CHUNK) : (c % (ROWS / CHUNK)) * CHUNK;
-    k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (ROWS / CHUNK);
+  /* chunk c: forward, row slot c / (KEXT/4) and k 4 (c % (KEXT/4)) + e; backward,
+   * column k = c / (NR/4) and rows 4 (c % (NR/4)) + e of the staged ones. A row
+   * slot q is warp q / ROWS8's row rr_begin + q % ROWS8. */
+  auto chunk_origin = [&](int c, int &w, int &rr, int &k) {
+    const int q = k_fastest ? c / (KEXT / CHUNK) : (c % (NR / CHUNK)) * CHUNK;
+    k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (NR / CHUNK);
+    w = q / ROWS8;
+    rr = rr_begin + q % ROWS8;
+  };
+  auto at = [&](int rr, int w, int k) { /* dst index of (row rr of warp w, column k) */
+    return ((((rr - rr_begin) * KC + k / 128) * kClusterWarps + w) * 32 + (k % 128) / 4) * 4 + k % 4;
   };
   for (int round = 0; round < ROUNDS; ++round) {
     float v[INFLIGHT][CHUNK];
 #pragma unroll
     for (int u = 0; u < INFLIGHT; ++u) {
-      int r, k;
-      chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
-      const int i = row0 + r_begin + r;
+      int w, rr, k;
+      chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, w, rr, k);
+      const int i = row0 + kClusterF32WarpRows * w + rr;
       const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
       if (wide && last_i < H && last_k < H) {
-        const float4 w = *reinterpret_cast<const float4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
-        v[u][0] = w.x;
-        v[u][1] = w.y;
-        v[u][2] = w.z;
-        v[u][3] = w.w;
+        const float4 x = *reinterpret_cast<const float4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
+        v[u][0] = x.x;
+        v[u][1] = x.y;
+        v[u][2] = x.z;
+        v[u][3] = x.w;
       } else { /* an edge of A, or a layout 16-byte loads cannot read */
 #pragma unroll
         for (int e = 0; e < CHUNK; ++e) {
@@ -86,70 +93,65 @@ __device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams 
     }
 #pragma unroll
     for (int u = 0; u < INFLIGHT; ++u) {
-      int r, k;
-      chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+      int w, rr, k;
+      chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, w, rr, k);
+      if (k_fastest) { /* the 4 columns are one float4 of dst */
+        *reinterpret_cast<float4 *>(dst + at(rr, w, k)) = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+      } else {
 #pragma unroll
-      for (int e = 0; e < CHUNK; ++e) {
-        const int rr = k_fastest ? r : r + e, kk = k_fastest ? k + e : k; /* kk = word_index(j) of thread t: */
-        const int t = (kk >> 1) % kClusterThreads, j = 2 * (kk / (2 * kClusterThreads)) + (kk & 1);
-        dst[(rr * kClusterThreads + t) * KL + j] = v[u][e];
+        for (int e = 0; e < CHUNK; ++e) dst[at(rr + e, w, k)] = v[u][e];
       }
     }
   }
 }
 
-template <int KL, int RREG>
+template <int KC, int RREG>
 __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const RecurrenceParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int R = kClusterRows, RSH = R - RREG, KEXT = kClusterThreads * KL;
-  constexpr int N = R, M = N / 32; /* outputs per CTA and step; per lane after the reduce-scatter */
-  static_assert(KL % 2 == 0 && RREG >= 1 && RREG <= R && (RSH == 0 || KL % 4 == 0), "bad f32 cluster shape");
+  constexpr int WR = kClusterF32WarpRows, RSH = WR - RREG, KEXT = 128 * KC;
+  static_assert(RREG >= 1 && RREG <= WR && RREG % 4 == 0, "bad f32 cluster shape");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
-  const int row0 = (int)rank * R;
+  const int row0 = (int)rank * kClusterRows;
   const int seq = (int)cluster_index(); /* one sequence per cluster */
   float *out = static_cast<float *>(p.out);
   const float *in = static_cast<const float *>(p.in);
   const float *yfwd = static_cast<const float *>(p.y);
   const float *h0 = static_cast<const float *>(p.h0);
-  const float *A = static_cast<const float *>(p.a);
-  /* Thread tid's j-th column: (j/2 * 256 + tid) * 2 + j%2, pairs of consecutive k (8-byte loads). */
-  auto word_index = [&](int j) { return ((j >> 1) * kClusterThreads + tid) * 2 + (j & 1); };
 
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
   float *a_smem = reinterpret_cast<float *>(smem + 16);
-  float *state = a_smem + RSH * KEXT;
-  float *partial = state + 2 * KEXT;
-  float *slice = partial + kClusterWarps * R;
+  float *state = a_smem + RSH * KC * kClusterWarps * 32 * 4;
+  const float4 *a_smem4 = reinterpret_cast<const float4 *>(a_smem);
+  /* float4 (row rr >= RREG, chunk j) of this lane */
+  auto smem_row = [&](int rr, int j) { return a_smem4[((rr - RREG) * KC + j) * kClusterWarps * 32 + warp * 32 + lane]; };
 
   /* A: the register rows pass through the space the shared-memory rows and
-   * the state later take, then the shared-memory rows go to their place. */
-  float a_reg[RREG][KL];
-  stage_a_rows<KL, RREG>(a_smem, p, row0, 0, tid);
+   * the state take later; then the shared-memory rows go to their place. */
+  float4 a_reg[RREG][KC];
+  stage_a_rows<KC, RREG>(a_smem, p, row0, 0, tid);
   __syncthreads();
 #pragma unroll
-  for (int r = 0; r < RREG; ++r)
+  for (int rr = 0; rr < RREG; ++rr)
 #pragma unroll
-    for (int j = 0; j < KL; j += 2) {
-      const float2 v = *reinterpret_cast<const float2 *>(&a_smem[(r * kClusterThreads + tid) * KL + j]);
-      a_reg[r][j] = v.x;
-      a_reg[r][j + 1] = v.y;
-    }
+    for (int j = 0; j < KC; ++j) a_reg[rr][j] = a_smem4[(rr * KC + j) * kClusterWarps * 32 + warp * 32 + lane];
   __syncthreads();
-  if constexpr (RSH > 0) stage_a_rows<KL, RSH>(a_smem, p, row0, RREG, tid);
+  if constexpr (RSH > 0) stage_a_rows<KC, RSH>(a_smem, p, row0, RREG, tid);
 
   /* Both state buffers zero (rows past H stay zero), then s_{-1} = h0 (zero backward). */
   for (int i = tid; i < 2 * KEXT; i += kClusterThreads) state[i] = 0.f;
   __syncthreads();
   if (!p.backward)
     for (int k = tid; k < H; k += kClusterThreads) state[k] = h0[(size_t)seq * p.h0_stride_b + k];
+  __syncthreads();
 
-  /* Epilogue: thread tid < 64 owns row row0 + tid; operands loaded two steps ahead. */
-  const bool o_valid = tid < R && row0 + tid < H;
-  const int o_row = row0 + tid, o_len = o_valid ? sequence_length(p.lengths, seq, T) : 0;
+  /* Epilogue: lane 4r of the warp owns row row0 + 8 warp + r; its operands are loaded two steps ahead. */
+  const int o_row = row0 + WR * warp + (lane >> 2);
+  const bool o_valid = (lane & 3) == 0 && o_row < H;
+  const int o_len = o_valid ? sequence_length(p.lengths, seq, T) : 0;
   auto load_in = [&](int s_at) {
     const int t = p.backward ? T - 1 - s_at : s_at;
     return o_valid ? in[t * p.in_stride_t + seq * p.in_stride_b + o_row] : 0.f;
@@ -168,17 +170,26 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
     mbarrier_init(bar_base + 8u, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  /* Every CTA of the cluster has its state and barriers ready before any peer writes into them. */
   cluster_arrive();
   cluster_wait();
-  /* Every CTA sends all 64 rows (zeros past H): C * 256 bytes per step into each CTA. */
-  const unsigned step_bytes = ctas * (unsigned)R * 4u;
-  const int chunk = tid & 15, peer = tid >> 4; /* 16 chunks of 4 rows, one store per (peer, chunk) */
+  /* Every warp of every CTA sends its 8 rows (zeros past H): C * 256 bytes into each CTA a step.
+   * Lane l sends rows 4 (l % 2) .. 4 (l % 2) + 3 of the warp's to CTA l / 2. */
+  const unsigned step_bytes = ctas * (unsigned)kClusterRows * 4u;
+  const unsigned peer = (unsigned)lane >> 1;
+  const int half = lane & 1;
+  const bool sender = peer < ctas;
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
+  /* buffer 0's rows and barrier in the peer; buffer 1's are KEXT floats and 8 bytes on */
+  const uint32_t peer_state = sender ? peer_address(state_base + (uint32_t)((row0 + WR * warp + 4 * half) * 4), peer) : 0;
+  const uint32_t peer_bar = sender ? peer_address(bar_base, peer) : 0;
 
   for (int s = 0; s < T; ++s) {
     const int t = p.backward ? T - 1 - s : s;
     const int cur = s & 1;
     const float *prev = state + cur * KEXT;
+    /* Arm the next buffer's barrier (its previous phase ended before step s - 1),
+     * then wait for this step's rows (sent in step s - 1). */
     if (tid == 0 && s + 1 < T) mbarrier_expect_bytes(bar_base + 8u * (1 - cur), step_bytes);
     if (s > 0) {
       unsigned long long since = 0; /* for the watchdog */
@@ -186,60 +197,45 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
         watchdog(round, &since);
     }
 
-    float h[KL];
+    float4 h[KC];
 #pragma unroll
-    for (int j = 0; j < KL; j += 2) {
-      const float2 v = *reinterpret_cast<const float2 *>(prev + word_index(j));
-      h[j] = v.x;
-      h[j + 1] = v.y;
-    }
-    float acc[N];
+    for (int j = 0; j < KC; ++j) h[j] = reinterpret_cast<const float4 *>(prev)[j * 32 + lane];
+    float acc[WR];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float a[KL];
-      if (r < RREG) {
-#pragma unroll
-        for (int j = 0; j < KL; ++j) a[j] = a_reg[r < RREG ? r : 0][j];
-      } else if constexpr (RSH > 0) {
-#pragma unroll
-        for (int j = 0; j < KL; j += 4) {
-          const float4 v = *reinterpret_cast<const float4 *>(&a_smem[((r - RREG) * kClusterThreads + tid) * KL + j]);
-          a[j] = v.x;
-          a[j + 1] = v.y;
-          a[j + 2] = v.z;
-          a[j + 3] = v.w;
-        }
-      }
+    for (int rr = 0; rr < WR; ++rr) {
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < KL; ++j) sum = fmaf(a[j], h[j], sum);
-      acc[r] = sum;
+      for (int j = 0; j < KC; ++j) {
+        const float4 a = rr < RREG ? a_reg[rr < RREG ? rr : 0][j] : smem_row(rr, j);
+        sum = fmaf(a.x, h[j].x, sum);
+        sum = fmaf(a.y, h[j].y, sum);
+        sum = fmaf(a.z, h[j].z, sum);
+        sum = fmaf(a.w, h[j].w, sum);
+      }
+      acc[rr] = sum;
     }
-    ReduceScatter<N, N, 16>::run(acc, lane);
-#pragma unroll
-    for (int m = 0; m < M; ++m) partial[warp * N + lane * M + m] = acc[m];
-    __syncthreads();
+    /* acc[0] of lane l: row l / 4 summed over lanes with the same l / 4, then over those 4 */
+    ReduceScatter<WR, WR, 16>::run(acc, lane);
+    float mat = acc[0] + __shfl_xor_sync(0xffffffffu, acc[0], 2);
+    mat += __shfl_xor_sync(0xffffffffu, mat, 1);
 
-    if (tid < R) {
-      float mat = 0.f;
-#pragma unroll
-      for (int w = 0; w < kClusterWarps; ++w) mat += partial[w * N + tid];
-      const bool active = o_valid && t < o_len;
-      /* past the length the state stays s_{t-1}: this CTA's own buffer holds it */
-      const float frozen = (o_valid && !active && !p.backward) ? prev[o_row] : 0.f;
-      float st;
-      const float value = step_output(p.backward, p.activation, active, mat, o_in, o_y, frozen, &st);
-      if (o_valid) out[((size_t)t * B + seq) * H + o_row] = value;
-      slice[tid] = o_valid ? st : 0.f; /* padding publishes zeros */
-    }
-    __syncthreads();
-
-    if (s + 1 < T && peer < (int)ctas) {
-      const uint4 v = *reinterpret_cast<const uint4 *>(slice + 4 * chunk);
-      const uint32_t local = state_base + (uint32_t)(((1 - cur) * KEXT + row0 + 4 * chunk) * 4);
-      store_peer16_async(peer_address(local, (unsigned)peer), v,
-                         peer_address(bar_base + 8u * (1 - cur), (unsigned)peer));
-    }
+    const bool active = o_valid && t < o_len;
+    /* past the length the state stays s_{t-1}: this CTA's own buffer holds it */
+    const float frozen = (o_valid && !active && !p.backward) ? prev[o_row] : 0.f;
+    float st;
+    const float value = step_output(p.backward, p.activation, active, mat, o_in, o_y, frozen, &st);
+    const float publish = o_valid ? st : 0.f; /* padding publishes zeros */
+    float4 v;
+    v.x = __shfl_sync(0xffffffffu, publish, 16 * half);
+    v.y = __shfl_sync(0xffffffffu, publish, 16 * half + 4);
+    v.z = __shfl_sync(0xffffffffu, publish, 16 * half + 8);
+    v.w = __shfl_sync(0xffffffffu, publish, 16 * half + 12);
+    if (s + 1 < T && sender)
+      store_peer16_async(peer_state + (uint32_t)((1 - cur) * KEXT * 4),
+                         make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                                    __float_as_uint(v.w)),
+                         peer_bar + 8u * (1 - cur));
+    if (o_valid) out[((size_t)t * B + seq) * H + o_row] = value;
     if (s + 1 < T) {
       o_in = next_in;
       o_y = next_y;
@@ -256,11 +252,12 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
 #endif
 }
 
-/* The float32 shapes: KL = 2 (H <= 512, all 64 rows in registers), KL = 4
- * (H <= 1024, 32 rows in registers and 32 in shared memory). */
+/* The float32 shapes, smallest K extent first: KC = 2 (H <= 256) and 4
+ * (H <= 512) with all 8 rows in registers, 8 (H <= 1024) with 4 in registers
+ * and 4 in shared memory. */
 struct ClusterF32Config {
-  int k_per_thread; /* KL */
-  int reg_rows;     /* RREG */
+  int k_chunks; /* KC: K extent 128 KC */
+  int reg_rows; /* RREG of each warp's 8 rows */
   PersistentKernel kernel;
 };
 extern const ClusterF32Config cluster_configs_f32[];

@@ -202,20 +202,30 @@ prnn_status_t cluster_room(int *known, PersistentKernel kernel, int ctas, int sm
   return PRNN_STATUS_SUCCESS;
 }
 
-/* DRAFT, NOT RUN ON A GPU: float32 on a cluster (cluster_f32.cuh), one
- * sequence per cluster, when the whole batch fits at once; else the grid tier. */
+/* CTAs of a cluster for H rows: one per 64, and at least two (compute-sanitizer
+ * refuses st.async within a cluster of one CTA; the second one's rows are all
+ * padding). */
+int cluster_ctas(int64_t hidden) {
+  const int64_t ctas = (hidden + kClusterRows - 1) / kClusterRows;
+  return (int)(ctas < 2 ? 2 : ctas);
+}
+
+/* float32 on a cluster (cluster_f32.cuh): one sequence per cluster; more
+ * sequences than the device holds clusters at once run as the clusters free
+ * (they are independent), which at every batch measured beat the grid tier
+ * (bench/NOTES.md). */
 prnn_status_t choose_cluster_f32(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
   int index = 0;
-  while (index < cluster_config_count_f32 && 256 * (int64_t)cluster_configs_f32[index].k_per_thread < pb->hidden)
+  while (index < cluster_config_count_f32 && 128 * (int64_t)cluster_configs_f32[index].k_chunks < pb->hidden)
     ++index;
   if (index == cluster_config_count_f32) return PRNN_STATUS_SUCCESS;
   const ClusterF32Config &config = cluster_configs_f32[index];
-  const int ctas = (int)((pb->hidden + kClusterRows - 1) / kClusterRows);
-  const int smem = cluster_f32_smem_bytes(256 * config.k_per_thread, kClusterRows - config.reg_rows);
-  if (smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+  const int ctas = cluster_ctas(pb->hidden);
+  const int smem = cluster_f32_smem_bytes(config.k_chunks, config.reg_rows);
+  if (smem > dev.smem_optin || ctas * pb->batch > 0x7fffffff) return PRNN_STATUS_SUCCESS;
   int room;
   const prnn_status_t st = cluster_room(&g_cluster_room[device][2][index][ctas], config.kernel, ctas, smem, dev, &room);
-  if (st != PRNN_STATUS_SUCCESS || room < 0 || pb->batch > room) return st;
+  if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
   c->kernel = config.kernel;
   c->ctas = ctas;
   c->group_seqs = 1;
@@ -240,7 +250,7 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
   int index = 0;
   while (index < cluster_config_count && 128 * (int64_t)table[index].k_tiles < pb->hidden) ++index;
   if (index == cluster_config_count) return PRNN_STATUS_SUCCESS;
-  const int ctas = (int)((pb->hidden + kClusterRows - 1) / kClusterRows);
+  const int ctas = cluster_ctas(pb->hidden);
   ClusterLaunch cand;
   cand.kernel = table[index].kernel;
   cand.ctas = ctas;
