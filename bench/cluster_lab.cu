@@ -121,9 +121,9 @@ int main(int argc, char **argv) {
   run<8>(label, 8, 1024, 1);
   run<8>(label, 16, 1024, 2);
   run<8>(label, 32, 1024, 4);
-  run_f32<8, 4>(label, 4, 1024);
-  run_f32<8, 4>(label, 1, 1024);
-  run_f32<8, 4>(label, 16, 1024); /* more clusters than the device holds at once: waves */
+  run_f32<8, 6>(label, 4, 1024);
+  run_f32<8, 6>(label, 1, 1024);
+  run_f32<8, 6>(label, 16, 1024); /* more clusters than the device holds at once: waves */
   run_f32<4, 8>(label, 4, 512);
   run_f32<2, 8>(label, 4, 256);
   return 0;

@@ -8,7 +8,7 @@ namespace prnn {
 extern const ClusterF32Config cluster_configs_f32[] = {
     {2, 8, cluster_f32_kernel<2, 8>},
     {4, 8, cluster_f32_kernel<4, 8>},
-    {8, 4, cluster_f32_kernel<8, 4>},
+    {8, 6, cluster_f32_kernel<8, 6>},
 };
 extern const int cluster_config_count_f32 = sizeof(cluster_configs_f32) / sizeof(cluster_configs_f32[0]);
 

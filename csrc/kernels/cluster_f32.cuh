@@ -47,47 +47,55 @@ __host__ __device__ constexpr int cluster_f32_smem_bytes(int kc, int rreg) {
 template <int KC, int ROWS8>
 __device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams &p, int row0, int rr_begin,
                                              int tid) {
-  constexpr int KEXT = 128 * KC, NR = kClusterWarps * ROWS8, CHUNK = 4, INFLIGHT = 8;
-  constexpr int ROUNDS = NR * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
-  static_assert(ROWS8 % CHUNK == 0 && ROUNDS * CHUNK * kClusterThreads * INFLIGHT == NR * KEXT,
-                "bad staging split");
+  constexpr int KEXT = 128 * KC, NR = kClusterWarps * ROWS8, INFLIGHT = 8;
+  /* chunk lengths: 4 columns forward; 4 rows backward, 2 if a warp stages 2 or 6 */
+  constexpr int KCH = 4, RCH = ROWS8 % 4 == 0 ? 4 : 2;
+  static_assert(ROWS8 % RCH == 0 && (NR * KEXT) % (KCH * kClusterThreads * INFLIGHT) == 0 &&
+                    (NR * KEXT) % (RCH * kClusterThreads * INFLIGHT) == 0, "bad staging split");
   const float *A = static_cast<const float *>(p.a);
   const int H = p.hidden;
   const bool k_fastest = p.a_stride_col == 1;
+  const int chunk = k_fastest ? KCH : RCH;
   const int64_t line_stride = k_fastest ? p.a_stride_row : p.a_stride_col;
-  const bool wide = (k_fastest || p.a_stride_row == 1) && line_stride % CHUNK == 0 &&
-                    (reinterpret_cast<uintptr_t>(A) & 15) == 0;
+  const bool wide = (k_fastest || p.a_stride_row == 1) && line_stride % chunk == 0 &&
+                    (reinterpret_cast<uintptr_t>(A) & (4 * chunk - 1)) == 0;
+  const int rounds = NR * KEXT / (chunk * kClusterThreads * INFLIGHT);
   /* chunk c: forward, row slot c / (KEXT/4) and k 4 (c % (KEXT/4)) + e; backward,
-   * column k = c / (NR/4) and rows 4 (c % (NR/4)) + e of the staged ones. A row
-   * slot q is warp q / ROWS8's row rr_begin + q % ROWS8. */
+   * column k = c / (NR/RCH) and row slots RCH (c % (NR/RCH)) + e. A row slot q
+   * is warp q / ROWS8's row rr_begin + q % ROWS8. */
   auto chunk_origin = [&](int c, int &w, int &rr, int &k) {
-    const int q = k_fastest ? c / (KEXT / CHUNK) : (c % (NR / CHUNK)) * CHUNK;
-    k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (NR / CHUNK);
+    const int q = k_fastest ? c / (KEXT / KCH) : (c % (NR / RCH)) * RCH;
+    k = k_fastest ? (c % (KEXT / KCH)) * KCH : c / (NR / RCH);
     w = q / ROWS8;
     rr = rr_begin + q % ROWS8;
   };
   auto at = [&](int rr, int w, int k) { /* dst index of (row rr of warp w, column k) */
     return ((((rr - rr_begin) * KC + k / 128) * kClusterWarps + w) * 32 + (k % 128) / 4) * 4 + k % 4;
   };
-  for (int round = 0; round < ROUNDS; ++round) {
-    float v[INFLIGHT][CHUNK];
+  for (int round = 0; round < rounds; ++round) {
+    float v[INFLIGHT][4];
 #pragma unroll
     for (int u = 0; u < INFLIGHT; ++u) {
       int w, rr, k;
       chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, w, rr, k);
       const int i = row0 + kClusterF32WarpRows * w + rr;
-      const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
-      if (wide && last_i < H && last_k < H) {
-        const float4 x = *reinterpret_cast<const float4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
+      const int last_i = k_fastest ? i : i + RCH - 1, last_k = k_fastest ? k + KCH - 1 : k;
+      const float *src = A + i * p.a_stride_row + k * p.a_stride_col;
+      if (wide && last_i < H && last_k < H && (k_fastest || RCH == 4)) {
+        const float4 x = *reinterpret_cast<const float4 *>(src);
         v[u][0] = x.x;
         v[u][1] = x.y;
         v[u][2] = x.z;
         v[u][3] = x.w;
-      } else { /* an edge of A, or a layout 16-byte loads cannot read */
+      } else if (wide && last_i < H && last_k < H) {
+        const float2 x = *reinterpret_cast<const float2 *>(src);
+        v[u][0] = x.x;
+        v[u][1] = x.y;
+      } else { /* an edge of A, or a layout wide loads cannot read */
 #pragma unroll
-        for (int e = 0; e < CHUNK; ++e) {
+        for (int e = 0; e < 4; ++e) {
           const int ii = k_fastest ? i : i + e, kk = k_fastest ? k + e : k;
-          v[u][e] = (ii < H && kk < H) ? A[ii * p.a_stride_row + kk * p.a_stride_col] : 0.f;
+          if (e < chunk) v[u][e] = (ii < H && kk < H) ? A[ii * p.a_stride_row + kk * p.a_stride_col] : 0.f;
         }
       }
     }
@@ -99,7 +107,7 @@ __device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams 
         *reinterpret_cast<float4 *>(dst + at(rr, w, k)) = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
       } else {
 #pragma unroll
-        for (int e = 0; e < CHUNK; ++e) dst[at(rr + e, w, k)] = v[u][e];
+        for (int e = 0; e < RCH; ++e) dst[at(rr + e, w, k)] = v[u][e];
       }
     }
   }
@@ -109,7 +117,7 @@ template <int KC, int RREG>
 __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const RecurrenceParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int WR = kClusterF32WarpRows, RSH = WR - RREG, KEXT = 128 * KC;
-  static_assert(RREG >= 1 && RREG <= WR && RREG % 4 == 0, "bad f32 cluster shape");
+  static_assert(RREG >= 1 && RREG <= WR && RREG % 2 == 0, "bad f32 cluster shape");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
@@ -197,22 +205,22 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
         watchdog(round, &since);
     }
 
-    float4 h[KC];
-#pragma unroll
-    for (int j = 0; j < KC; ++j) h[j] = reinterpret_cast<const float4 *>(prev)[j * 32 + lane];
+    /* chunk by chunk of K, so that only one float4 of the state is live:
+     * the registers go to A's rows instead */
     float acc[WR];
 #pragma unroll
-    for (int rr = 0; rr < WR; ++rr) {
-      float sum = 0.f;
+    for (int rr = 0; rr < WR; ++rr) acc[rr] = 0.f;
 #pragma unroll
-      for (int j = 0; j < KC; ++j) {
+    for (int j = 0; j < KC; ++j) {
+      const float4 h = reinterpret_cast<const float4 *>(prev)[j * 32 + lane];
+#pragma unroll
+      for (int rr = 0; rr < WR; ++rr) {
         const float4 a = rr < RREG ? a_reg[rr < RREG ? rr : 0][j] : smem_row(rr, j);
-        sum = fmaf(a.x, h[j].x, sum);
-        sum = fmaf(a.y, h[j].y, sum);
-        sum = fmaf(a.z, h[j].z, sum);
-        sum = fmaf(a.w, h[j].w, sum);
+        acc[rr] = fmaf(a.x, h.x, acc[rr]);
+        acc[rr] = fmaf(a.y, h.y, acc[rr]);
+        acc[rr] = fmaf(a.z, h.z, acc[rr]);
+        acc[rr] = fmaf(a.w, h.w, acc[rr]);
       }
-      acc[rr] = sum;
     }
     /* acc[0] of lane l: row l / 4 summed over lanes with the same l / 4, then over those 4 */
     ReduceScatter<WR, WR, 16>::run(acc, lane);
@@ -253,8 +261,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
 }
 
 /* The float32 shapes, smallest K extent first: KC = 2 (H <= 256) and 4
- * (H <= 512) with all 8 rows in registers, 8 (H <= 1024) with 4 in registers
- * and 4 in shared memory. */
+ * (H <= 512) with all 8 rows in registers, 8 (H <= 1024) with 6 in registers
+ * and 2 in shared memory. */
 struct ClusterF32Config {
   int k_chunks; /* KC: K extent 128 KC */
   int reg_rows; /* RREG of each warp's 8 rows */
