@@ -91,8 +91,10 @@ typedef enum prnn_tier {
   PRNN_TIER_PERSISTENT_REGISTERS = 2, /* one persistent kernel, W_hh in registers */
   PRNN_TIER_PERSISTENT_SHARED = 3,  /* one persistent kernel, W_hh in registers + shared memory */
   PRNN_TIER_STEPWISE = 4,           /* one kernel per step, W_hh re-read from L2/HBM */
-  PRNN_TIER_PERSISTENT_CLUSTER = 5  /* one thread-block cluster per 8 sequences, W_hh in its
-                                       registers as tensor-core fragments (16-bit, sm_90+) */
+  PRNN_TIER_PERSISTENT_CLUSTER = 5  /* thread-block clusters (sm_90+, H <= 1024): 16-bit, up to 8
+                                       sequences a cluster, W_hh in registers as tensor-core
+                                       fragments; float32, one sequence a cluster, W_hh in
+                                       registers and shared memory */
 } prnn_tier_t;
 
 /* Name of a tier, e.g. "persistent_registers". */
