@@ -19,6 +19,7 @@ CASES = [  # (T, B, H, dtype, with lengths)
     (3, 4, 1000, torch.float16, False),
     (3, 4, 1024, torch.float32, True),  # float32 cluster tier (cluster_f32.cuh)
     (3, 17, 1024, torch.float32, True),  # float32 cluster tier, more clusters than fit at once
+    (3, 3, 500, torch.float32, True),  # float32 cluster tier, all rows in registers
     (3, 4, 2048, torch.float32, False),
     (3, 4, 2816, torch.bfloat16, False),
     (3, 3, 2816, torch.float16, True),

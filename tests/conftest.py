@@ -1,11 +1,15 @@
 """Shared test helpers: the devices to run on, a float64 reference of the op,
-relative errors, nn.RNN twins of PersistentRNN modules, and the hang guard."""
+relative errors, nn.RNN twins of PersistentRNN modules, the hang guard, and
+running Python in a subprocess."""
 
 import faulthandler
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,36 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 # Relative error bounds (norm-wise) against a float64 reference; DESIGN.md "Numerics".
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+REPO = Path(__file__).resolve().parents[1]
+# NVLink multicast stays off in every process on the GPU machines (NCCL NVLS,
+# symmetric memory, NVSHMEM): in the test process and in run_python's.
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+for _name, _value in NVLS_OFF.items():
+    os.environ.setdefault(_name, _value)
+
+
+def run_python(args, timeout, env_extra=None):
+    """Runs `python args...` from the repository root with torch_prnn importable,
+    NVLS off and env_extra in the environment; returns (returncode, stdout + stderr). On a timeout the whole
+    process group (torchrun and its workers) is killed and the test fails."""
+    env = dict(os.environ)
+    for name, value in NVLS_OFF.items():
+        env.setdefault(name, value)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(env_extra or {})
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"python {' '.join(args)} ran past {timeout} s:\n{out[-4000:]}")
+    return proc.returncode, out
 
 
 @pytest.fixture(autouse=True)

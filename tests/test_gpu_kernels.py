@@ -6,7 +6,7 @@ import torch
 
 import conftest
 import torch_prnn  # noqa: F401  (registers the ops)
-from conftest import poison_allocator, reference_forward, rel_err, run_threads
+from conftest import poison_allocator, reference_forward, rel_err, run_python, run_threads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -15,6 +15,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # the float64 kernels are held tighter here than in the module tests.
 TOL = {**conftest.TOL, torch.float64: 1e-12}
 ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster")
+
+
+def float32_tier(H):
+    """The tier float32 takes at B = 4 on this GPU: clusters up to H = 1024 on sm_90, else the grid."""
+    clusters = torch.cuda.get_device_capability() >= (9, 0) and H <= 1024
+    return "persistent_cluster" if clusters else "persistent_registers"
 
 
 def reference_backward(grad_y, y, h0, w, lengths, nonlinearity):
@@ -150,14 +156,42 @@ def test_cluster_tier_choice():
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
 def test_cluster_f32(H, B, nonlinearity):
     """float32 on clusters (each shape: all 8 rows of a warp in registers up
-    to H = 512, half in shared memory up to 1024; B = 17 at H = 1024 is more
-    clusters than the H200 holds at once), forward and backward with
-    lengths, against float64."""
+    to H = 512, 6 of 8 up to 1024; B = 17 at H = 1024 is more clusters than
+    the H200 holds at once, 7), forward and backward with lengths, against
+    float64."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters need sm_90")
     assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster"
     for T, lengths in ((1, False), (2, True), (67, True)):
         check_backward(T, B, H, torch.float32, nonlinearity, lengths=lengths, seed=H + B)
+
+
+GRID_TIER_WITHOUT_CLUSTERS = """
+import sys
+sys.path.insert(0, "tests")
+import torch
+import torch_prnn
+from test_gpu_kernels import check_backward
+cases = ((torch.float32, 7, 3), (torch.float32, 33, 17), (torch.float32, 129, 5), (torch.float32, 1000, 4),
+         (torch.float32, 1024, 40), (torch.bfloat16, 1000, 4), (torch.float16, 65, 9))
+for dtype, H, B in cases:
+    tier = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"]
+    assert tier in ("persistent_registers", "persistent_shared"), (dtype, H, B, tier)
+    check_backward(3, B, H, dtype, "tanh", lengths=True, seed=H)
+    check_backward(5, B, H, dtype, "relu", seed=H + 1)
+print("grid tier checked")
+"""
+
+
+@pytest.mark.hang_guard(300)
+def test_grid_tier_when_clusters_are_off():
+    """PRNN_DISABLE_CLUSTER_TIER=1 plans as GPUs without clusters (sm_80-89)
+    do: the grid tier at every H. On sm_90 the cluster tier takes these sizes
+    otherwise, so this is where the grid tier meets odd H and batches past
+    one tile of sequences, forward and backward against float64."""
+    rc, out = run_python(["-c", GRID_TIER_WITHOUT_CLUSTERS], timeout=240,
+                         env_extra={"PRNN_DISABLE_CLUSTER_TIER": "1"})
+    assert rc == 0 and "grid tier checked" in out, out[-4000:]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -196,8 +230,9 @@ def test_non_contiguous_inputs(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("H,pitch,offset", [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1)],
-                         ids=["wide", "wide-offset", "wide-edge", "misaligned"])
+@pytest.mark.parametrize("H,pitch,offset",
+                         [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2)],
+                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "8-byte-aligned"])
 def test_cluster_weight_layouts(dtype, H, pitch, offset):
     """The cluster kernels stage W_hh (rows contiguous forward, columns
     backward) in 16-byte chunks where stride and alignment allow and element
@@ -230,6 +265,7 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
 @pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
 def test_cuda_graph_capture_and_replay(H):
     T, B = 64, 4
+    assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == float32_tier(H)
     xp, h0, w, _ = make_problem(T, B, H, torch.float32, seed=11)
     static_xp = xp.clone()
     s = torch.cuda.Stream()
@@ -282,6 +318,7 @@ def test_two_streams_at_once():
 @pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
 def test_beside_a_long_running_kernel(H):
     """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
+    assert torch_prnn.plan(H, batch=4, device="cuda")["tier"] == float32_tier(H)
     xp, h0, w, _ = make_problem(100, 4, H, torch.float32, seed=30)
     busy = torch.randn(4096, 4096, device="cuda")
     other = torch.cuda.Stream()

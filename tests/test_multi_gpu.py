@@ -4,51 +4,17 @@ DistributedDataParallel training (examples/ddp_train.py) against single-process
 training. GPU tests skip below two GPUs; the DDP example also runs on the CPU
 (gloo), which CI exercises."""
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import torch_prnn
-from conftest import assert_close, make_op_inputs, reference_forward, rel_err, twins
-
-REPO = Path(__file__).resolve().parents[1]
-# NVLink multicast stays off in every process on the GPU machines (NCCL NVLS,
-# symmetric memory, NVSHMEM): here and in the subprocesses below.
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-for _name, _value in NVLS_OFF.items():
-    os.environ.setdefault(_name, _value)
+from conftest import assert_close, make_op_inputs, reference_forward, rel_err, run_python, twins
 
 two_gpus = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
 ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster")
-
-
-def run_python(args, timeout):
-    """Runs `python args...` from the repository root with torch_prnn importable
-    and NVLS off; returns (returncode, stdout + stderr). On a timeout the whole
-    process group (torchrun and its workers) is killed and the test fails."""
-    env = dict(os.environ)
-    for name, value in NVLS_OFF.items():
-        env.setdefault(name, value)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"python {' '.join(args)} ran past {timeout} s:\n{out[-4000:]}")
-    return proc.returncode, out
 
 
 # ---- one module, one op, on the second GPU ----------------------------------

@@ -17,6 +17,8 @@ extern const ClusterConfig cluster_configs_f16[] = {
     PRNN_CLUSTER_CONFIG(__half, 4),
     PRNN_CLUSTER_CONFIG(__half, 8),
 };
-extern const int cluster_config_count = sizeof(cluster_configs_bf16) / sizeof(cluster_configs_bf16[0]);
+static_assert(sizeof(cluster_configs_bf16) / sizeof(cluster_configs_bf16[0]) == cluster_config_count &&
+                  sizeof(cluster_configs_f16) / sizeof(cluster_configs_f16[0]) == cluster_config_count,
+              "cluster_config_count must match the tables");
 
 }  // namespace prnn

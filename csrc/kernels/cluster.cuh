@@ -486,9 +486,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   { KT, cluster_rnn_kernel<E, KT> }
 
 /* The compiled K extents of each 16-bit dtype, smallest first (cluster.cu). */
+const int cluster_config_count = 3; /* cluster.cu checks its tables' lengths against it */
 extern const ClusterConfig cluster_configs_bf16[];
 extern const ClusterConfig cluster_configs_f16[];
-extern const int cluster_config_count;
 
 }  // namespace prnn
 

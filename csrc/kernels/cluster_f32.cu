@@ -10,6 +10,7 @@ extern const ClusterF32Config cluster_configs_f32[] = {
     {4, 8, cluster_f32_kernel<4, 8>},
     {8, 6, cluster_f32_kernel<8, 6>},
 };
-extern const int cluster_config_count_f32 = sizeof(cluster_configs_f32) / sizeof(cluster_configs_f32[0]);
+static_assert(sizeof(cluster_configs_f32) / sizeof(cluster_configs_f32[0]) == cluster_config_count_f32,
+              "cluster_config_count_f32 must match the table");
 
 }  // namespace prnn

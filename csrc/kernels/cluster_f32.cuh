@@ -38,9 +38,17 @@ __host__ __device__ constexpr int cluster_f32_smem_bytes(int kc, int rreg) {
                    : rreg * kc * 1024) * 4;
 }
 
+/* The float4 slot of (row rr of warp w, column k) within its [32 lanes]
+ * group: lane (k % 128) / 4, swizzled by (w + rr) % 8. Reads (one lane per
+ * slot) stay free of bank conflicts, and the backward's staging, where the
+ * lanes of a warp store one column k of up to 24 rows, spreads them over
+ * 8 banks instead of one (16- to 24-way conflicts, ~19 us per call at
+ * H = 1024 by a review's count). */
+__device__ __forceinline__ int a_slot(int lane, int w, int rr) { return lane ^ ((w + rr) & 7); }
+
 /* Rows rr_begin .. rr_begin + ROWS8 - 1 of each warp's 8 (CTA rows
- * 8w + rr) into dst, laid out [rr - rr_begin][KC][8 warps][32 lanes] float4:
- * element k of a row sits in float4 (k / 128, lane (k % 128) / 4). A goes in
+ * 8w + rr) into dst, laid out [rr - rr_begin][KC][8 warps][32 slots] float4:
+ * element k of a row sits in float4 (k / 128, a_slot((k % 128) / 4, w, rr)). A goes in
  * as 16-byte chunks of 4 elements along its contiguous dimension (k forward,
  * rows backward), 8 chunks in flight per thread: W_hh^T read element by
  * element has lanes 2H elements apart (the 16-bit kernel's NOTES step 16). */
@@ -70,7 +78,7 @@ __device__ __forceinline__ void stage_a_rows(float *dst, const RecurrenceParams 
     rr = rr_begin + q % ROWS8;
   };
   auto at = [&](int rr, int w, int k) { /* dst index of (row rr of warp w, column k) */
-    return ((((rr - rr_begin) * KC + k / 128) * kClusterWarps + w) * 32 + (k % 128) / 4) * 4 + k % 4;
+    return ((((rr - rr_begin) * KC + k / 128) * kClusterWarps + w) * 32 + a_slot((k % 128) / 4, w, rr)) * 4 + k % 4;
   };
   for (int round = 0; round < rounds; ++round) {
     float v[INFLIGHT][4];
@@ -135,7 +143,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
   float *state = a_smem + RSH * KC * kClusterWarps * 32 * 4;
   const float4 *a_smem4 = reinterpret_cast<const float4 *>(a_smem);
   /* float4 (row rr >= RREG, chunk j) of this lane */
-  auto smem_row = [&](int rr, int j) { return a_smem4[((rr - RREG) * KC + j) * kClusterWarps * 32 + warp * 32 + lane]; };
+  auto smem_row = [&](int rr, int j) {
+    return a_smem4[((rr - RREG) * KC + j) * kClusterWarps * 32 + warp * 32 + a_slot(lane, warp, rr)];
+  };
 
   /* A: the register rows pass through the space the shared-memory rows and
    * the state take later; then the shared-memory rows go to their place. */
@@ -145,7 +155,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
 #pragma unroll
   for (int rr = 0; rr < RREG; ++rr)
 #pragma unroll
-    for (int j = 0; j < KC; ++j) a_reg[rr][j] = a_smem4[(rr * KC + j) * kClusterWarps * 32 + warp * 32 + lane];
+    for (int j = 0; j < KC; ++j) a_reg[rr][j] = a_smem4[(rr * KC + j) * kClusterWarps * 32 + warp * 32 + a_slot(lane, warp, rr)];
   __syncthreads();
   if constexpr (RSH > 0) stage_a_rows<KC, RSH>(a_smem, p, row0, RREG, tid);
 
@@ -196,7 +206,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_f32_kernel(const R
     const int t = p.backward ? T - 1 - s : s;
     const int cur = s & 1;
     const float *prev = state + cur * KEXT;
-    /* Arm the next buffer's barrier (its previous phase ended before step s - 1),
+    /* Arm the next buffer's barrier (its previous phase ended during step s - 1),
      * then wait for this step's rows (sent in step s - 1). */
     if (tid == 0 && s + 1 < T) mbarrier_expect_bytes(bar_base + 8u * (1 - cur), step_bytes);
     if (s > 0) {
@@ -268,8 +278,8 @@ struct ClusterF32Config {
   int reg_rows; /* RREG of each warp's 8 rows */
   PersistentKernel kernel;
 };
+const int cluster_config_count_f32 = 3; /* cluster_f32.cu checks the table's length against it */
 extern const ClusterF32Config cluster_configs_f32[];
-extern const int cluster_config_count_f32;
 
 }  // namespace prnn
 

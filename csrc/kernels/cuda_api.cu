@@ -3,6 +3,7 @@
  * shape a problem gets on this device) and the forward / backward-data entry
  * points, one launcher per kernel family.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cluster.cuh"
@@ -37,6 +38,14 @@ prnn_status_t cuda_fail(cudaError_t err, const char *what) {
                    cudaGetErrorName(err));
 }
 
+/* PRNN_DISABLE_CLUSTER_TIER=1 (read when a device is first queried) plans
+ * as on GPUs without clusters: the grid tier, which sm_80-89 run at every H,
+ * is then testable on sm_90 too. */
+int cluster_tier_disabled() {
+  const char *v = getenv("PRNN_DISABLE_CLUSTER_TIER");
+  return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
 prnn_status_t device_info(int device, DeviceInfo *info) {
   if (device < 0 || device >= kMaxDevices)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d out of range [0, %d)", device, kMaxDevices);
@@ -53,7 +62,7 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
     d->sms = fresh.sms;
     d->smem_optin = fresh.smem_optin;
     d->cooperative = fresh.cooperative;
-    d->cluster = fresh.cluster;
+    d->cluster = fresh.cluster && !cluster_tier_disabled();
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
   }
   *info = *d;
@@ -171,7 +180,7 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 /* The cluster kernel's launch for a problem. */
 struct ClusterLaunch {
   PersistentKernel kernel; /* NULL: the problem does not take the cluster tier */
-  int ctas;                /* cluster size: one CTA per 64 rows */
+  int ctas;                /* cluster size: one CTA per 64 rows, at least two */
   int group_seqs;          /* sequences per cluster, 1..8 (1 for float32) */
   int grid;                /* ctas x groups */
   int smem_bytes;
@@ -179,7 +188,8 @@ struct ClusterLaunch {
 
 /* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
  * (device, dtype: bf16 f16 f32, shape, cluster size): 0 unknown, -1 none, else the count. */
-int g_cluster_room[kMaxDevices][3][3][kClusterMaxCtas + 1];
+const int kClusterShapes = cluster_config_count > cluster_config_count_f32 ? cluster_config_count : cluster_config_count_f32;
+int g_cluster_room[kMaxDevices][3][kClusterShapes][kClusterMaxCtas + 1];
 
 /* The room of a cluster kernel launched with smem_bytes, cached in *known. Its
  * shared-memory limit is set to the device's whole opt-in limit, so that a
