@@ -17,6 +17,14 @@ import torch
 import torch_prnn
 
 devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def cluster_tier_available():
+    """Whether the planner uses thread-block clusters on this GPU: sm_90 or
+    newer, and PRNN_DISABLE_CLUSTER_TIER unset, empty or "0" (as the C
+    planner reads it)."""
+    knob = os.environ.get("PRNN_DISABLE_CLUSTER_TIER", "")
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and knob in ("", "0")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # Relative error bounds (norm-wise) against a float64 reference; DESIGN.md "Numerics".
@@ -35,9 +43,7 @@ def run_python(args, timeout, env_extra=None):
     """Runs `python args...` from the repository root with torch_prnn importable,
     NVLS off and env_extra in the environment; returns (returncode, stdout + stderr). On a timeout the whole
     process group (torchrun and its workers) is killed and the test fails."""
-    env = dict(os.environ)
-    for name, value in NVLS_OFF.items():
-        env.setdefault(name, value)
+    env = dict(os.environ)  # NVLS_OFF is in it (set above)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(env_extra or {})
     proc = subprocess.Popen(

@@ -6,7 +6,7 @@ import torch
 
 import conftest
 import torch_prnn  # noqa: F401  (registers the ops)
-from conftest import poison_allocator, reference_forward, rel_err, run_python, run_threads
+from conftest import cluster_tier_available, poison_allocator, reference_forward, rel_err, run_python, run_threads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -17,10 +17,13 @@ TOL = {**conftest.TOL, torch.float64: 1e-12}
 ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster")
 
 
-def float32_tier(H):
-    """The tier float32 takes at B = 4 on this GPU: clusters up to H = 1024 on sm_90, else the grid."""
-    clusters = torch.cuda.get_device_capability() >= (9, 0) and H <= 1024
-    return "persistent_cluster" if clusters else "persistent_registers"
+def assert_float32_tier(H, B):
+    """float32's tier on this GPU: clusters up to H = 1024 where the cluster tier is on, else the grid."""
+    tier = torch_prnn.plan(H, batch=B, device="cuda")["tier"]
+    if cluster_tier_available() and H <= 1024:
+        assert tier == "persistent_cluster", (H, B, tier)
+    else:
+        assert tier in ("persistent_registers", "persistent_shared"), (H, B, tier)
 
 
 def reference_backward(grad_y, y, h0, w, lengths, nonlinearity):
@@ -130,8 +133,8 @@ def test_cluster_tier_choice():
     as the device's room for clusters allows. float32 carries one, and a
     batch past the room runs as clusters free. Larger H keeps the grid-wide
     kernel."""
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread-block clusters need sm_90")
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for H, B in ((1, 1), (64, 8), (65, 9), (1000, 4), (1024, 17), (1024, 200)):
@@ -151,7 +154,7 @@ def test_cluster_tier_choice():
         assert torch_prnn.plan(1025, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
 
 
-@pytest.mark.parametrize("H", [1, 7, 64, 65, 500, 512, 513, 1000, 1024])
+@pytest.mark.parametrize("H", [1, 7, 64, 65, 129, 256, 257, 500, 512, 513, 1000, 1024])
 @pytest.mark.parametrize("B", [1, 3, 17])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
 def test_cluster_f32(H, B, nonlinearity):
@@ -159,8 +162,8 @@ def test_cluster_f32(H, B, nonlinearity):
     to H = 512, 6 of 8 up to 1024; B = 17 at H = 1024 is more clusters than
     the H200 holds at once, 7), forward and backward with lengths, against
     float64."""
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread-block clusters need sm_90")
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster"
     for T, lengths in ((1, False), (2, True), (67, True)):
         check_backward(T, B, H, torch.float32, nonlinearity, lengths=lengths, seed=H + B)
@@ -232,14 +235,15 @@ def test_non_contiguous_inputs(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("H,pitch,offset",
                          [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2)],
-                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "8-byte-aligned"])
+                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "offset-2"])
 def test_cluster_weight_layouts(dtype, H, pitch, offset):
     """The cluster kernels stage W_hh (rows contiguous forward, columns
-    backward) in 16-byte chunks where stride and alignment allow and element
-    by element elsewhere: row pitch a multiple of the chunk or not, aligned or
+    backward) in 16-byte chunks (8-byte in float32's backward when a warp
+    stages 2 or 6 rows) where stride and alignment allow and element by
+    element elsewhere: row pitch a multiple of the chunk or not, aligned or
     not, H not a multiple of the chunk (chunks across the edge)."""
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread-block clusters need sm_90")
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     T, B = 9, 3
     assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster"
     xp, h0, w_dense, _ = make_problem(T, B, H, dtype, seed=21)
@@ -265,7 +269,7 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
 @pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
 def test_cuda_graph_capture_and_replay(H):
     T, B = 64, 4
-    assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == float32_tier(H)
+    assert_float32_tier(H, B)
     xp, h0, w, _ = make_problem(T, B, H, torch.float32, seed=11)
     static_xp = xp.clone()
     s = torch.cuda.Stream()
@@ -301,7 +305,8 @@ def test_graph_replay_loop_stays_correct():
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_two_streams_at_once():
-    problems = [make_problem(200, 4, 1024, torch.float32, seed=20), make_problem(200, 3, 512, torch.bfloat16, seed=21)]
+    """A grid-tier (cooperative) launch and a cluster launch at once on two streams."""
+    problems = [make_problem(200, 4, 1280, torch.float32, seed=20), make_problem(200, 3, 512, torch.bfloat16, seed=21)]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     outs = [None, None]
     torch.cuda.synchronize()
@@ -318,7 +323,7 @@ def test_two_streams_at_once():
 @pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
 def test_beside_a_long_running_kernel(H):
     """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
-    assert torch_prnn.plan(H, batch=4, device="cuda")["tier"] == float32_tier(H)
+    assert_float32_tier(H, 4)
     xp, h0, w, _ = make_problem(100, 4, H, torch.float32, seed=30)
     busy = torch.randn(4096, 4096, device="cuda")
     other = torch.cuda.Stream()
@@ -334,7 +339,8 @@ def test_beside_a_long_running_kernel(H):
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_many_threads_share_the_op():
-    problems = [make_problem(32, 1 + i % 4, 256, torch.float32, seed=40 + i) for i in range(8)]
+    """8 threads, each on its own stream, half on the grid tier (a workspace each call), half on clusters."""
+    problems = [make_problem(32, 1 + i % 4, 1280 if i % 2 else 256, torch.float32, seed=40 + i) for i in range(8)]
 
     def worker(xp, h0, w, _):
         with torch.cuda.stream(torch.cuda.Stream()):

@@ -104,7 +104,7 @@ PLAN_THEN_RUN = r"""
 import torch, torch_prnn
 torch.cuda.set_device(0)
 chosen = []
-for dtype, hidden, batch in ((torch.bfloat16, 1024, 4), (torch.float16, 1024, 4),
+for dtype, hidden, batch in ((torch.bfloat16, 1024, 4), (torch.float16, 1024, 4), (torch.float32, 1024, 4),
                              (torch.bfloat16, 3072, 1), (torch.float16, 3072, 1)):
     plan = torch_prnn.plan(hidden, batch=batch, dtype=dtype, device="cuda:1")  # asked from cuda:0
     if plan["tier"] == "persistent_cluster" or plan["smem_bytes"] > 48 * 1024:

@@ -920,8 +920,8 @@ def test_fuzz(device, record_property):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_name)
 def test_inference_server_threads(dtype):
     """One PersistentRNN (eval, no_grad) serving 8 Python threads at once, each
-    with its own requests of varying batch size (1-12, both sides of the
-    large-batch tiling) and length, half of the threads on their own stream;
+    with its own requests of varying batch size (1-12: both sides of the grid
+    tier's large-batch tiling where the cluster tier is off) and length, half of the threads on their own stream;
     50 calls each, every result against the float64 nn.RNN."""
     threads_n, calls, I, H = 8, 50, 16, 256
     ours = torch_prnn.PersistentRNN(I, H, num_layers=2, bidirectional=True, device="cuda", dtype=dtype).eval()
@@ -973,7 +973,8 @@ def test_module_bitwise_deterministic(device, dtype, packed, B):
     """Forward and backward of a 2-layer bidirectional module twice on the same
     inputs, with another problem on the same module in between: output, h_n
     and the gradients of input, hx and every parameter bitwise equal.
-    (B = 12 takes the large-batch tiles on CUDA.)"""
+    (B = 12 takes the grid tier's large-batch tiles on CUDA where the cluster
+    tier is off.)"""
     T, I, H = (40, 8, 256) if device == "cuda" else (12, 8, 32)
     rnn = torch_prnn.PersistentRNN(I, H, num_layers=2, bidirectional=True, device=device, dtype=dtype)
     x = torch.randn(T, B, I, device=device).to(dtype)

@@ -38,9 +38,10 @@ prnn_status_t cuda_fail(cudaError_t err, const char *what) {
                    cudaGetErrorName(err));
 }
 
-/* PRNN_DISABLE_CLUSTER_TIER=1 (read when a device is first queried) plans
- * as on GPUs without clusters: the grid tier, which sm_80-89 run at every H,
- * is then testable on sm_90 too. */
+/* PRNN_DISABLE_CLUSTER_TIER=1 (any value but empty or "0"; read when a device
+ * is first queried) plans as on GPUs without clusters: the grid tier, which
+ * sm_80-89 run at every H up to the on-chip limits, is then testable on
+ * sm_90 too. */
 int cluster_tier_disabled() {
   const char *v = getenv("PRNN_DISABLE_CLUSTER_TIER");
   return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
@@ -244,8 +245,9 @@ prnn_status_t choose_cluster_f32(const prnn_problem_t *pb, int device, const Dev
   return PRNN_STATUS_SUCCESS;
 }
 
-/* The cluster tier: 16-bit dtypes on a device with cluster launches, when all
- * of A fits in the register files of one cluster (hidden <= 1024). A step
+/* The cluster tier, on a device with cluster launches, up to H = 1024:
+ * float32 on its own kernel (above); the 16-bit dtypes where all of A fits
+ * in the register files of one cluster as tensor-core fragments. A step
  * costs less the fewer sequences a cluster carries (its exchange carries only
  * those: bench/NOTES.md), so the batch is spread over as many clusters as the
  * device holds at once, up to one sequence each; past that, groups of up to 8
@@ -351,7 +353,7 @@ prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, cu
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, c.kernel, params);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster_rnn_kernel)");
+  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster kernel)");
   return PRNN_STATUS_SUCCESS;
 }
 
