@@ -56,25 +56,14 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
   void (*fn)(RecurrenceParams) = prepared_kernel<KT>(hidden, &room);
   const int groups = (batch + group - 1) / group, waves = (groups + room - 1) / room;
   const int big = 1024;
-  void *a, *in, *h0, *out;
-  CHECK(cudaMalloc(&a, (size_t)hidden * hidden * 2));
-  CHECK(cudaMalloc(&in, (size_t)big * batch * hidden * 2));
-  CHECK(cudaMalloc(&h0, (size_t)batch * hidden * 2));
-  CHECK(cudaMalloc(&out, (size_t)big * batch * hidden * 2));
-  CHECK(cudaMemset(a, 0x3c, (size_t)hidden * hidden * 2)); /* bf16 0x3c3c = 0.0115 */
-  CHECK(cudaMemset(in, 0x3c, (size_t)big * batch * hidden * 2));
-  CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 2));
-  const float short_ms = time_ms<KT>(fn, 64, batch, group, hidden, a, in, h0, out);
-  const float long_ms = time_ms<KT>(fn, big, batch, group, hidden, a, in, h0, out);
-  const float one_ms = time_ms<KT>(fn, 1, batch, group, hidden, a, in, h0, out);
+  const DenseBuffers b(big, batch, hidden, 2, 0x3c, 0); /* bf16 0x3c3c = 0.0115 */
+  const float short_ms = time_ms<KT>(fn, 64, batch, group, hidden, b.a, b.in, b.h0, b.out);
+  const float long_ms = time_ms<KT>(fn, big, batch, group, hidden, b.a, b.in, b.h0, b.out);
+  const float one_ms = time_ms<KT>(fn, 1, batch, group, hidden, b.a, b.in, b.h0, b.out);
   printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"group\": %d, \"clusters\": %d, \"room\": %d, "
          "\"waves\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, \"t1_us\": %.1f}\n", label, hidden, batch,
          group, groups, room, waves, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
-  CHECK(cudaFree(a));
-  CHECK(cudaFree(in));
-  CHECK(cudaFree(h0));
-  CHECK(cudaFree(out));
 }
 
 /* float32 (cluster_f32.cuh): one sequence per cluster, `batch` clusters.
@@ -86,16 +75,9 @@ static void run_f32(const char *label, int batch, int hidden) {
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   const int big = 1024;
-  void *a, *in, *h0, *out;
-  CHECK(cudaMalloc(&a, (size_t)hidden * hidden * 4));
-  CHECK(cudaMalloc(&in, (size_t)big * batch * hidden * 4));
-  CHECK(cudaMalloc(&h0, (size_t)batch * hidden * 4));
-  CHECK(cudaMalloc(&out, (size_t)big * batch * hidden * 4));
-  CHECK(cudaMemset(a, 0, (size_t)hidden * hidden * 4));
-  CHECK(cudaMemset(in, 0, (size_t)big * batch * hidden * 4));
-  CHECK(cudaMemset(h0, 0, (size_t)batch * hidden * 4));
+  const DenseBuffers b(big, batch, hidden, 4, 0, 0);
   auto time_ms = [&](int steps) {
-    const RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
+    const RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * batch, ctas, smem, 0, &attr);
     return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
@@ -104,10 +86,6 @@ static void run_f32(const char *label, int batch, int hidden) {
   printf("{\"label\": \"%s f32\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, "
          "\"t1_us\": %.1f}\n", label, hidden, batch, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
-  CHECK(cudaFree(a));
-  CHECK(cudaFree(in));
-  CHECK(cudaFree(h0));
-  CHECK(cudaFree(out));
 }
 
 int main(int argc, char **argv) {

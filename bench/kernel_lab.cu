@@ -32,24 +32,14 @@ static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *
 template <typename E, int R, int KL, int RREG, int MAXT>
 static void run(const char *label, const char *dtype, int batch, int hidden) {
   const int steps_max = 1024;
-  void *a, *in, *h0, *out, *xchg;
-  CHECK(cudaMalloc(&a, (size_t)hidden * hidden * sizeof(E)));
-  CHECK(cudaMalloc(&in, (size_t)steps_max * batch * hidden * sizeof(E)));
-  CHECK(cudaMalloc(&h0, (size_t)batch * hidden * sizeof(E)));
-  CHECK(cudaMalloc(&out, (size_t)steps_max * batch * hidden * sizeof(E)));
-  CHECK(cudaMalloc(&xchg, 2 * (size_t)batch * 4096 * 8));
   /* small values: any bit pattern of 0x20 bytes is a small normal number in every dtype */
-  CHECK(cudaMemset(a, 0x20, (size_t)hidden * hidden * sizeof(E)));
-  CHECK(cudaMemset(in, 0x20, (size_t)steps_max * batch * hidden * sizeof(E)));
-  CHECK(cudaMemset(h0, 0x20, (size_t)batch * hidden * sizeof(E)));
-  const float lo = time_ms<E, R, KL, RREG, MAXT>(64, batch, hidden, a, in, h0, out, xchg);
-  const float hi = time_ms<E, R, KL, RREG, MAXT>(steps_max, batch, hidden, a, in, h0, out, xchg);
+  const DenseBuffers b(steps_max, batch, hidden, sizeof(E), 0x20, 0x20);
+  void *xchg;
+  CHECK(cudaMalloc(&xchg, 2 * (size_t)batch * 4096 * 8));
+  const float lo = time_ms<E, R, KL, RREG, MAXT>(64, batch, hidden, b.a, b.in, b.h0, b.out, xchg);
+  const float hi = time_ms<E, R, KL, RREG, MAXT>(steps_max, batch, hidden, b.a, b.in, b.h0, b.out, xchg);
   printf("{\"label\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"hidden\": %d, \"us_per_step\": %.3f}\n", label,
          dtype, batch, hidden, 1000.f * (hi - lo) / (steps_max - 64));
-  CHECK(cudaFree(a));
-  CHECK(cudaFree(in));
-  CHECK(cudaFree(h0));
-  CHECK(cudaFree(out));
   CHECK(cudaFree(xchg));
 }
 

@@ -1,6 +1,6 @@
 /* lab_common.h - what the standalone kernel labs (kernel_lab.cu, cluster_lab.cu)
- * share: the forward parameters of a dense problem and the median time of a
- * launch. */
+ * share: the buffers and forward parameters of a dense problem and the median
+ * time of a launch. */
 #ifndef PRNN_BENCH_LAB_COMMON_H
 #define PRNN_BENCH_LAB_COMMON_H
 
@@ -29,6 +29,31 @@ static prnn::RecurrenceParams dense_params(int steps, int batch, int hidden, voi
   p.out = out;
   return p;
 }
+
+/* The device buffers of a dense problem of up to `steps` steps, elements of
+ * elem_bytes: A and xp filled with the byte fill_a_in, h0 with fill_h0 (out
+ * unset), freed with the object. */
+struct DenseBuffers {
+  void *a = nullptr, *in = nullptr, *h0 = nullptr, *out = nullptr;
+  DenseBuffers(int steps, int batch, int hidden, size_t elem_bytes, int fill_a_in, int fill_h0) {
+    const size_t matrix = (size_t)hidden * hidden * elem_bytes, seq = (size_t)steps * batch * hidden * elem_bytes;
+    CHECK(cudaMalloc(&a, matrix));
+    CHECK(cudaMalloc(&in, seq));
+    CHECK(cudaMalloc(&h0, (size_t)batch * hidden * elem_bytes));
+    CHECK(cudaMalloc(&out, seq));
+    CHECK(cudaMemset(a, fill_a_in, matrix));
+    CHECK(cudaMemset(in, fill_a_in, seq));
+    CHECK(cudaMemset(h0, fill_h0, (size_t)batch * hidden * elem_bytes));
+  }
+  ~DenseBuffers() {
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(in));
+    CHECK(cudaFree(h0));
+    CHECK(cudaFree(out));
+  }
+  DenseBuffers(const DenseBuffers &) = delete;
+  DenseBuffers &operator=(const DenseBuffers &) = delete;
+};
 
 /* Median over reps - 2 timed launches (the first two warm up); before() runs
  * untimed ahead of each launch(). */
