@@ -188,9 +188,11 @@ struct ClusterLaunch {
 };
 
 /* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
- * (device, dtype: bf16 f16 f32, shape, cluster size): 0 unknown, -1 none, else the count. */
-const int kClusterShapes = cluster_config_count > cluster_config_count_f32 ? cluster_config_count : cluster_config_count_f32;
-int g_cluster_room[kMaxDevices][3][kClusterShapes][kClusterMaxCtas + 1];
+ * (device, kernel, cluster size): 0 unknown, -1 none, else the count. The
+ * kernels: the tensor-core ones (bf16 then f16, cluster_config_count each),
+ * then the float32 ones, in their tables' order. */
+const int kClusterKernels = 2 * cluster_config_count + cluster_config_count_f32;
+int g_cluster_room[kMaxDevices][kClusterKernels][kClusterMaxCtas + 1];
 
 /* The room of a cluster kernel launched with smem_bytes, cached in *known. Its
  * shared-memory limit is set to the device's whole opt-in limit, so that a
@@ -221,64 +223,68 @@ int cluster_ctas(int64_t hidden) {
   return (int)(ctas < 2 ? 2 : ctas);
 }
 
-/* float32 on a cluster (cluster_f32.cuh): one sequence per cluster; more
- * sequences than the device holds clusters at once run as the clusters free
- * (they are independent), which at every batch measured beat the grid tier
- * (bench/NOTES.md). */
-prnn_status_t choose_cluster_f32(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
-  int index = 0;
-  while (index < cluster_config_count_f32 && 128 * (int64_t)cluster_configs_f32[index].k_chunks < pb->hidden)
-    ++index;
-  if (index == cluster_config_count_f32) return PRNN_STATUS_SUCCESS;
-  const ClusterF32Config &config = cluster_configs_f32[index];
-  const int ctas = cluster_ctas(pb->hidden);
-  const int smem = cluster_f32_smem_bytes(config.k_chunks, config.reg_rows);
-  if (smem > dev.smem_optin || ctas * pb->batch > 0x7fffffff) return PRNN_STATUS_SUCCESS;
-  int room;
-  const prnn_status_t st = cluster_room(&g_cluster_room[device][2][index][ctas], config.kernel, ctas, smem, dev, &room);
-  if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
-  c->kernel = config.kernel;
-  c->ctas = ctas;
-  c->group_seqs = 1;
-  c->grid = (int)(ctas * pb->batch);
-  c->smem_bytes = smem;
-  return PRNN_STATUS_SUCCESS;
+/* A cluster kernel that can take a problem: its shared memory, how many
+ * sequences a cluster can carry, and where its room is cached. */
+struct ClusterCandidate {
+  PersistentKernel kernel; /* NULL: none */
+  int smem_bytes;
+  int max_group; /* 8 (tensor cores) or 1 (float32) */
+  int room_slot; /* index into g_cluster_room's kernels */
+};
+
+/* The cluster kernel for a problem, up to H = 1024: the 16-bit dtypes on the
+ * tensor-core kernel (cluster.cuh), where all of A fits in the register files
+ * of one cluster as tensor-core fragments; float32 on its own kernel
+ * (cluster_f32.cuh). Each table's first shape whose K extent covers H. */
+ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
+  ClusterCandidate c = {};
+  const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
+  if (pb->dtype == PRNN_DTYPE_BFLOAT16 || is_half) {
+    const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
+    for (int i = 0; i < cluster_config_count; ++i)
+      if (128 * (int64_t)table[i].k_tiles >= pb->hidden) {
+        c = {table[i].kernel, cluster_smem_bytes(128 * table[i].k_tiles), kClusterSeqs,
+             is_half * cluster_config_count + i};
+        return c;
+      }
+  } else if (pb->dtype == PRNN_DTYPE_FLOAT32) {
+    for (int i = 0; i < cluster_config_count_f32; ++i) {
+      const ClusterF32Config &f = cluster_configs_f32[i];
+      if (128 * (int64_t)f.k_chunks >= pb->hidden) {
+        c = {f.kernel, cluster_f32_smem_bytes(f.k_chunks, f.reg_rows), 1, 2 * cluster_config_count + i};
+        return c;
+      }
+    }
+  }
+  return c;
 }
 
-/* The cluster tier, on a device with cluster launches, up to H = 1024:
- * float32 on its own kernel (above); the 16-bit dtypes where all of A fits
- * in the register files of one cluster as tensor-core fragments. A step
- * costs less the fewer sequences a cluster carries (its exchange carries only
- * those: bench/NOTES.md), so the batch is spread over as many clusters as the
- * device holds at once, up to one sequence each; past that, groups of up to 8
- * and clusters in turn (they are independent, so that is safe). */
+/* The cluster tier, on a device with cluster launches. A step costs less the
+ * fewer sequences a cluster carries (the tensor-core kernel's exchange
+ * carries only those: bench/NOTES.md), so the batch is spread over as many
+ * clusters as the device holds at once, up to one sequence each; past that,
+ * groups of up to the kernel's maximum (8, or 1 in float32) and clusters in
+ * turn: they are independent, so that is safe, and in float32 it beat the
+ * grid tier at every batch measured (bench/NOTES.md step 26). */
 prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
   memset(c, 0, sizeof *c);
   if (!dev.cluster) return PRNN_STATUS_SUCCESS;
-  if (pb->dtype == PRNN_DTYPE_FLOAT32) return choose_cluster_f32(pb, device, dev, c);
-  const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (pb->dtype != PRNN_DTYPE_BFLOAT16 && !is_half) return PRNN_STATUS_SUCCESS;
-  const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
-  int index = 0;
-  while (index < cluster_config_count && 128 * (int64_t)table[index].k_tiles < pb->hidden) ++index;
-  if (index == cluster_config_count) return PRNN_STATUS_SUCCESS;
+  const ClusterCandidate cand = cluster_candidate(pb);
+  if (cand.kernel == NULL || cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
   const int ctas = cluster_ctas(pb->hidden);
-  ClusterLaunch cand;
-  cand.kernel = table[index].kernel;
-  cand.ctas = ctas;
-  cand.smem_bytes = cluster_smem_bytes(128 * table[index].k_tiles);
-  if (cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
   int room;
   const prnn_status_t st =
-      cluster_room(&g_cluster_room[device][is_half][index][ctas], cand.kernel, ctas, cand.smem_bytes, dev, &room);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  if (room < 0) return PRNN_STATUS_SUCCESS;
+      cluster_room(&g_cluster_room[device][cand.room_slot][ctas], cand.kernel, ctas, cand.smem_bytes, dev, &room);
+  if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
   const int64_t spread = (pb->batch + room - 1) / room; /* sequences per cluster if all run at once */
-  cand.group_seqs = (int)(spread < 1 ? 1 : (spread > kClusterSeqs ? kClusterSeqs : spread));
-  const int64_t groups = (pb->batch + cand.group_seqs - 1) / cand.group_seqs;
+  const int group = (int)(spread < 1 ? 1 : (spread > cand.max_group ? cand.max_group : spread));
+  const int64_t groups = (pb->batch + group - 1) / group;
   if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
-  cand.grid = (int)(ctas * groups);
-  *c = cand;
+  c->kernel = cand.kernel;
+  c->ctas = ctas;
+  c->group_seqs = group;
+  c->grid = (int)(ctas * groups);
+  c->smem_bytes = cand.smem_bytes;
   return PRNN_STATUS_SUCCESS;
 }
 
