@@ -8,13 +8,13 @@
  * Prints {"label", "hidden", "batch", "group", "clusters", "room", "waves", "us_per_step",
  * "intercept_us", "t1_us" (one step: launch, prologue, step)} lines for the bfloat16
  * kernel, and {"label", "hidden", "batch", "us_per_step", "intercept_us", "t1_us"}
- * for the float32 one (in the PRNN_CLUSTER_ABLATE=0 build only).
+ * for the FFMA one (cluster_ffma.cuh; in the PRNN_CLUSTER_ABLATE=0 build only).
  */
 #include <cstdio>
 #include <cstdlib>
 
 #include "cluster.cuh"
-#include "cluster_f32.cuh"
+#include "cluster_ffma.cuh"
 
 #include "lab_common.h"
 
@@ -66,16 +66,17 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
 }
 
-/* float32 (cluster_f32.cuh): one sequence per cluster, `batch` clusters.
+/* The FFMA kernel (cluster_ffma.cuh): one sequence per cluster, `batch` clusters.
  * It has no ablation bits, so main() runs it in the PRNN_CLUSTER_ABLATE=0 build only. */
-template <int KC, int RREG>
-static void run_f32(const char *label, int batch, int hidden) {
-  void (*fn)(RecurrenceParams) = cluster_f32_kernel<KC, RREG>;
-  const int ctas = hidden > 64 ? (hidden + 63) / 64 : 2, smem = cluster_f32_smem_bytes(KC, RREG);
+template <typename E, int KC, int WR, int RREG>
+static void run_ffma(const char *label, const char *dtype, int batch, int hidden) {
+  void (*fn)(RecurrenceParams) = cluster_ffma_kernel<E, KC, WR, RREG>;
+  const int rows = 8 * WR, ctas = hidden > rows ? (hidden + rows - 1) / rows : 2;
+  const int smem = cluster_ffma_smem_bytes((int)sizeof(E), KC, WR, RREG);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   const int big = 1024;
-  const DenseBuffers b(big, batch, hidden, 4, 0, 0);
+  const DenseBuffers b(big, batch, hidden, sizeof(E), 0, 0);
   auto time_ms = [&](int steps) {
     const RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
     cudaLaunchAttribute attr;
@@ -83,8 +84,8 @@ static void run_f32(const char *label, int batch, int hidden) {
     return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
   };
   const float short_ms = time_ms(64), long_ms = time_ms(big), one_ms = time_ms(1);
-  printf("{\"label\": \"%s f32\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, "
-         "\"t1_us\": %.1f}\n", label, hidden, batch, 1000.f * (long_ms - short_ms) / (big - 64),
+  printf("{\"label\": \"%s %s\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, "
+         "\"t1_us\": %.1f}\n", label, dtype, hidden, batch, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
 }
 
@@ -101,12 +102,15 @@ int main(int argc, char **argv) {
   run<8>(label, 8, 1024, 1);
   run<8>(label, 16, 1024, 2);
   run<8>(label, 32, 1024, 4);
-#if PRNN_CLUSTER_ABLATE == 0 /* the float32 kernel has no ablation bits */
-  run_f32<8, 6>(label, 4, 1024);
-  run_f32<8, 6>(label, 1, 1024);
-  run_f32<8, 6>(label, 16, 1024); /* more clusters than the device holds at once: waves */
-  run_f32<4, 8>(label, 4, 512);
-  run_f32<2, 8>(label, 4, 256);
+#if PRNN_CLUSTER_ABLATE == 0 /* the FFMA kernel has no ablation bits */
+  run_ffma<float, 8, 8, 6>(label, "f32", 4, 1024);
+  run_ffma<float, 8, 8, 6>(label, "f32", 1, 1024);
+  run_ffma<float, 8, 8, 6>(label, "f32", 16, 1024); /* more clusters than the device holds at once: waves */
+  run_ffma<float, 4, 8, 8>(label, "f32", 4, 512);
+  run_ffma<float, 2, 8, 8>(label, "f32", 4, 256);
+  run_ffma<float, 9, 9, 5>(label, "f32", 4, 1152);
+  run_ffma<__nv_bfloat16, 9, 9, 9>(label, "bf16 ffma", 4, 1152);
+  run_ffma<__half, 9, 9, 9>(label, "f16 ffma", 4, 1152);
 #endif
   return 0;
 }

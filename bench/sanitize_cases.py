@@ -17,9 +17,12 @@ CASES = [  # (T, B, H, dtype, with lengths)
     (4, 5, 129, torch.bfloat16, True),
     (3, 12, 1024, torch.bfloat16, True),  # cluster tier: 16 CTAs x 2 clusters
     (3, 4, 1000, torch.float16, False),
-    (3, 4, 1024, torch.float32, True),  # float32 cluster tier (cluster_f32.cuh)
+    (3, 4, 1024, torch.float32, True),  # float32 cluster tier (cluster_ffma.cuh)
     (3, 17, 1024, torch.float32, True),  # float32 cluster tier, more clusters than fit at once
     (3, 3, 500, torch.float32, True),  # float32 cluster tier, all rows in registers
+    (3, 3, 1100, torch.float32, True),  # the FFMA kernel at 72 rows a CTA
+    (3, 4, 1152, torch.bfloat16, True),
+    (3, 2, 1025, torch.float16, False),
     (3, 4, 2048, torch.float32, False),
     (3, 4, 2816, torch.bfloat16, False),
     (3, 3, 2816, torch.float16, True),

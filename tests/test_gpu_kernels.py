@@ -18,9 +18,9 @@ ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster")
 
 
 def assert_float32_tier(H, B):
-    """float32's tier on this GPU: clusters up to H = 1024 where the cluster tier is on, else the grid."""
+    """float32's tier on this GPU: clusters up to H = 1152 where the cluster tier is on, else the grid."""
     tier = torch_prnn.plan(H, batch=B, device="cuda")["tier"]
-    if cluster_tier_available() and H <= 1024:
+    if cluster_tier_available() and H <= 1152:
         assert tier == "persistent_cluster", (H, B, tier)
     else:
         assert tier in ("persistent_registers", "persistent_shared"), (H, B, tier)
@@ -88,8 +88,9 @@ def check_backward(T, B, H, dtype, nonlinearity, lengths=False, seed=0):
 SIZES = [  # (T, B, H): every H, B and T the issue names, each at least once
     (1, 1, 1), (2, 3, 7), (255, 4, 33), (2, 17, 129), (255, 1, 1000), (255, 4, 1024),
     (2, 17, 1024), (255, 3, 2048), (1, 4, 2048), (255, 4, 2816), (2, 1, 2816), (255, 17, 7),
-    # cluster tier boundaries at 16 bits: 5 CTAs x 3 clusters; the first size past it
-    (100, 20, 300), (50, 2, 1025),
+    # cluster tier boundaries: 16 bits 5 CTAs x 3 clusters; the FFMA kernel's first and
+    # last H of 72 rows a CTA; the first size past the cluster tier
+    (100, 20, 300), (50, 2, 1025), (50, 3, 1152), (20, 2, 1153),
 ]
 
 
@@ -128,45 +129,55 @@ def test_on_chip_coverage():
 
 
 def test_cluster_tier_choice():
-    """On sm_90, H up to 1024 runs on clusters of one CTA per 64 rows (at
-    least two). The 16-bit dtypes carry 1 to 8 sequences per cluster: as few
-    as the device's room for clusters allows. float32 carries one, and a
-    batch past the room runs as clusters free. Larger H keeps the grid-wide
-    kernel."""
+    """On sm_90, H up to 1152 runs on clusters of at least two CTAs. The
+    16-bit dtypes up to H = 1024 take the tensor-core kernel, 64 rows a CTA,
+    1 to 8 sequences per cluster: as few as the device's room for clusters
+    allows. float32, and the 16-bit dtypes past 1024, take the FFMA kernel:
+    64 rows a CTA up to H = 1024 and 72 past it, one sequence per cluster,
+    and a batch past the room runs as clusters free. Larger H keeps the
+    grid-wide kernel."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for H, B in ((1, 1), (64, 8), (65, 9), (1000, 4), (1024, 17), (1024, 200)):
+        for H, B in ((1, 1), (64, 8), (65, 9), (1000, 4), (1024, 17), (1024, 200), (1025, 4), (1152, 17)):
             for backward in (False, True):
                 p = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", backward=backward)
                 assert p["tier"] == "persistent_cluster", (dtype, H, p)
-                ctas = max(2, -(-H // 64))
+                rows = 72 if H > 1024 else 64
+                assert p["rows_per_cta"] == rows, (dtype, H, p)
+                ctas = max(2, -(-H // rows))
                 groups, rest = divmod(p["grid"], ctas)
                 assert rest == 0 and -(-B // 8) <= groups <= B and p["workspace_bytes"] == 0, p
-                if dtype == torch.float32:
+                if dtype == torch.float32 or H > 1024:
                     assert groups == B, (H, B, p)
                 else:  # one sequence per cluster if they all fit at once; groups of 8 only when they must
                     assert groups == B or groups == -(-B // 8) or groups * ctas <= sms, (H, B, p)
         assert torch_prnn.plan(4, batch=3, dtype=dtype, device="cuda")["grid"] == 2 * 3
         expected = 16 * 200 if dtype == torch.float32 else 16 * 25
         assert torch_prnn.plan(1024, batch=200, dtype=dtype, device="cuda")["grid"] == expected
-        assert torch_prnn.plan(1025, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
+        assert torch_prnn.plan(1153, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
 
 
-@pytest.mark.parametrize("H", [1, 7, 64, 65, 129, 256, 257, 500, 512, 513, 1000, 1024])
+FFMA_CASES = [(torch.float32, H) for H in (1, 7, 64, 65, 129, 256, 257, 500, 512, 513, 1000, 1024, 1025, 1100,
+                                            1151, 1152)] + [
+    (dtype, H) for dtype in (torch.bfloat16, torch.float16) for H in (1025, 1100, 1151, 1152)]
+
+
+@pytest.mark.parametrize("dtype,H", FFMA_CASES, ids=lambda v: str(v))
 @pytest.mark.parametrize("B", [1, 3, 17])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
-def test_cluster_f32(H, B, nonlinearity):
-    """float32 on clusters (each shape: all 8 rows of a warp in registers up
-    to H = 512, 6 of 8 up to 1024; B = 17 at H = 1024 is more clusters than
-    the H200 holds at once, 7), forward and backward with lengths, against
-    float64."""
+def test_cluster_ffma(dtype, H, B, nonlinearity):
+    """The FFMA cluster kernel, every shape: float32 with all 8 rows of a
+    warp in registers up to H = 512, 6 of 8 up to 1024, 5 of 9 up to 1152;
+    the 16-bit dtypes past 1024 with all 9 in registers. B = 17 is more
+    clusters than the H200 holds at once at H >= 1024 (7). Forward and
+    backward with lengths, against float64."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
-    assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster"
+    assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster"
     for T, lengths in ((1, False), (2, True), (67, True)):
-        check_backward(T, B, H, torch.float32, nonlinearity, lengths=lengths, seed=H + B)
+        check_backward(T, B, H, dtype, nonlinearity, lengths=lengths, seed=H + B)
 
 
 GRID_TIER_WITHOUT_CLUSTERS = """
@@ -176,7 +187,8 @@ import torch
 import torch_prnn
 from test_gpu_kernels import check_backward
 cases = ((torch.float32, 7, 3), (torch.float32, 33, 17), (torch.float32, 129, 5), (torch.float32, 1000, 4),
-         (torch.float32, 1024, 40), (torch.bfloat16, 1000, 4), (torch.float16, 65, 9))
+         (torch.float32, 1024, 40), (torch.float32, 1100, 3), (torch.bfloat16, 1000, 4), (torch.float16, 65, 9),
+         (torch.bfloat16, 1100, 3))
 for dtype, H, B in cases:
     tier = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"]
     assert tier in ("persistent_registers", "persistent_shared"), (dtype, H, B, tier)
@@ -234,13 +246,16 @@ def test_non_contiguous_inputs(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("H,pitch,offset",
-                         [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2)],
-                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "offset-2"])
+                         [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2),
+                          (1100, 1104, 0), (1100, 1104, 2), (1100, 1104, 4)],
+                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "offset-2", "ffma-wide",
+                              "ffma-offset-2", "ffma-offset-4"])
 def test_cluster_weight_layouts(dtype, H, pitch, offset):
     """The cluster kernels stage W_hh (rows contiguous forward, columns
-    backward) in 16-byte chunks (8-byte in float32's backward when a warp
-    stages 2 or 6 rows) where stride and alignment allow and element by
-    element elsewhere: row pitch a multiple of the chunk or not, aligned or
+    backward): the 16-bit tensor-core kernel in 16-byte chunks, the FFMA
+    kernel 4 columns a load forward and element by element, consecutive rows
+    across lanes, backward; wide loads where stride and alignment allow and
+    element by element elsewhere: row pitch a multiple of the chunk or not, aligned or
     not, H not a multiple of the chunk (chunks across the edge)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
@@ -266,7 +281,7 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
         assert rel_err(g, g_ref) < max(TOL[dtype], 1e-4), f"grad {name}"
 
 
-@pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
+@pytest.mark.parametrize("H", [1024, 1280])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
 def test_cuda_graph_capture_and_replay(H):
     T, B = 64, 4
     assert_float32_tier(H, B)
@@ -320,7 +335,7 @@ def test_two_streams_at_once():
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
-@pytest.mark.parametrize("H", [1024, 1152])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
+@pytest.mark.parametrize("H", [1024, 1280])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
 def test_beside_a_long_running_kernel(H):
     """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
     assert_float32_tier(H, 4)

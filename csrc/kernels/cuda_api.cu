@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cluster.cuh"
-#include "cluster_f32.cuh"
+#include "cluster_ffma.cuh"
 #include "persistent.cuh"
 #include "prnn_internal.h"
 #include "stepwise.cuh"
@@ -181,8 +181,9 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 /* The cluster kernel's launch for a problem. */
 struct ClusterLaunch {
   PersistentKernel kernel; /* NULL: the problem does not take the cluster tier */
-  int ctas;                /* cluster size: one CTA per 64 rows, at least two */
-  int group_seqs;          /* sequences per cluster, 1..8 (1 for float32) */
+  int ctas;                /* cluster size: one CTA per rows_per_cta rows, at least two */
+  int rows_per_cta;        /* 64, or 8 WR on the FFMA kernel */
+  int group_seqs;          /* sequences per cluster, 1..8 (1 on the FFMA kernel) */
   int grid;                /* ctas x groups */
   int smem_bytes;
 };
@@ -190,8 +191,8 @@ struct ClusterLaunch {
 /* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
  * (device, kernel, cluster size): 0 unknown, -1 none, else the count. The
  * kernels: the tensor-core ones (bf16 then f16, cluster_config_count each),
- * then the float32 ones, in their tables' order. */
-const int kClusterKernels = 2 * cluster_config_count + cluster_config_count_f32;
+ * then the FFMA ones in their table's order. */
+const int kClusterKernels = 2 * cluster_config_count + cluster_ffma_config_count;
 int g_cluster_room[kMaxDevices][kClusterKernels][kClusterMaxCtas + 1];
 
 /* The room of a cluster kernel launched with smem_bytes, cached in *known. Its
@@ -215,27 +216,28 @@ prnn_status_t cluster_room(int *known, PersistentKernel kernel, int ctas, int sm
   return PRNN_STATUS_SUCCESS;
 }
 
-/* CTAs of a cluster for H rows: one per 64, and at least two (compute-sanitizer
+/* CTAs of a cluster for H rows, `rows` a CTA: at least two (compute-sanitizer
  * refuses st.async within a cluster of one CTA; the second one's rows are all
  * padding). */
-int cluster_ctas(int64_t hidden) {
-  const int64_t ctas = (hidden + kClusterRows - 1) / kClusterRows;
+int cluster_ctas(int64_t hidden, int rows) {
+  const int64_t ctas = (hidden + rows - 1) / rows;
   return (int)(ctas < 2 ? 2 : ctas);
 }
 
-/* A cluster kernel that can take a problem: its shared memory, how many
- * sequences a cluster can carry, and where its room is cached. */
+/* A cluster kernel that can take a problem: its shape and where its room is cached. */
 struct ClusterCandidate {
   PersistentKernel kernel; /* NULL: none */
+  int rows;                /* rows of A per CTA */
   int smem_bytes;
-  int max_group; /* 8 (tensor cores) or 1 (float32) */
-  int room_slot; /* index into g_cluster_room's kernels */
+  int max_group;           /* sequences a cluster can carry: 8 (tensor cores) or 1 (FFMA) */
+  int room_slot;           /* index into g_cluster_room's kernels */
 };
 
-/* The cluster kernel for a problem, up to H = 1024: the 16-bit dtypes on the
+/* The cluster kernel for a problem: the 16-bit dtypes up to H = 1024 on the
  * tensor-core kernel (cluster.cuh), where all of A fits in the register files
- * of one cluster as tensor-core fragments; float32 on its own kernel
- * (cluster_f32.cuh). Each table's first shape whose K extent covers H. */
+ * of one cluster as tensor-core fragments; float32, and the 16-bit dtypes past
+ * 1024 up to 1152, on the FFMA kernel (cluster_ffma.cuh). Each table's first
+ * shape whose K extent covers H. */
 ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
   ClusterCandidate c = {};
   const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
@@ -243,35 +245,37 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
     for (int i = 0; i < cluster_config_count; ++i)
       if (128 * (int64_t)table[i].k_tiles >= pb->hidden) {
-        c = {table[i].kernel, cluster_smem_bytes(128 * table[i].k_tiles), kClusterSeqs,
+        c = {table[i].kernel, kClusterRows, cluster_smem_bytes(128 * table[i].k_tiles), kClusterSeqs,
              is_half * cluster_config_count + i};
         return c;
       }
-  } else if (pb->dtype == PRNN_DTYPE_FLOAT32) {
-    for (int i = 0; i < cluster_config_count_f32; ++i) {
-      const ClusterF32Config &f = cluster_configs_f32[i];
-      if (128 * (int64_t)f.k_chunks >= pb->hidden) {
-        c = {f.kernel, cluster_f32_smem_bytes(f.k_chunks, f.reg_rows), 1, 2 * cluster_config_count + i};
-        return c;
-      }
+  }
+  for (int i = 0; i < cluster_ffma_config_count; ++i) {
+    const ClusterFfmaConfig &f = cluster_ffma_configs[i];
+    if (f.dtype == pb->dtype && 128 * (int64_t)f.k_chunks >= pb->hidden) {
+      c = {f.kernel, kClusterWarps * f.warp_rows,
+           cluster_ffma_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.warp_rows, f.reg_rows), 1,
+           2 * cluster_config_count + i};
+      return c;
     }
   }
   return c;
 }
 
 /* The cluster tier, on a device with cluster launches. A step costs less the
- * fewer sequences a cluster carries (the tensor-core kernel's exchange
- * carries only those: bench/NOTES.md), so the batch is spread over as many
- * clusters as the device holds at once, up to one sequence each; past that,
- * groups of up to the kernel's maximum (8, or 1 in float32) and clusters in
- * turn: they are independent, so that is safe, and in float32 it beat the
- * grid tier at every batch measured (bench/NOTES.md step 26). */
+ * fewer sequences a cluster carries (the tensor-core kernel's exchange carries
+ * only those: bench/NOTES.md), so the batch is spread over as many clusters as
+ * the device holds at once, up to one sequence each; past that, groups of up
+ * to the kernel's maximum (8, or 1 on the FFMA kernel) and clusters in turn:
+ * they are independent, so that is safe, and in float32 it beat the grid tier
+ * at every batch measured (bench/NOTES.md step 26). */
 prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
   memset(c, 0, sizeof *c);
   if (!dev.cluster) return PRNN_STATUS_SUCCESS;
   const ClusterCandidate cand = cluster_candidate(pb);
-  if (cand.kernel == NULL || cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
-  const int ctas = cluster_ctas(pb->hidden);
+  if (cand.kernel == NULL) return PRNN_STATUS_SUCCESS;
+  const int ctas = cluster_ctas(pb->hidden, cand.rows);
+  if (ctas > kClusterMaxCtas || cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;
   int room;
   const prnn_status_t st =
       cluster_room(&g_cluster_room[device][cand.room_slot][ctas], cand.kernel, ctas, cand.smem_bytes, dev, &room);
@@ -282,6 +286,7 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
   if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
   c->kernel = cand.kernel;
   c->ctas = ctas;
+  c->rows_per_cta = cand.rows;
   c->group_seqs = group;
   c->grid = (int)(ctas * groups);
   c->smem_bytes = cand.smem_bytes;
@@ -310,7 +315,7 @@ prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, Clust
     out->workspace_bytes = 0; /* the state lives in the cluster's shared memory */
     out->grid = cluster->grid;
     out->block = kClusterThreads;
-    out->rows_per_cta = kClusterRows;
+    out->rows_per_cta = cluster->rows_per_cta;
     out->smem_bytes = cluster->smem_bytes;
     return PRNN_STATUS_SUCCESS;
   }

@@ -91,10 +91,11 @@ typedef enum prnn_tier {
   PRNN_TIER_PERSISTENT_REGISTERS = 2, /* one persistent kernel, W_hh in registers */
   PRNN_TIER_PERSISTENT_SHARED = 3,  /* one persistent kernel, W_hh in registers + shared memory */
   PRNN_TIER_STEPWISE = 4,           /* one kernel per step, W_hh re-read from L2/HBM */
-  PRNN_TIER_PERSISTENT_CLUSTER = 5  /* thread-block clusters (sm_90+, H <= 1024): 16-bit, up to 8
-                                       sequences a cluster, W_hh in registers as tensor-core
-                                       fragments; float32, one sequence a cluster, W_hh in
-                                       registers and shared memory */
+  PRNN_TIER_PERSISTENT_CLUSTER = 5  /* thread-block clusters (sm_90+, H <= 1152): 16-bit up to
+                                       H = 1024, up to 8 sequences a cluster, W_hh in registers
+                                       as tensor-core fragments; float32, and 16-bit past 1024,
+                                       one sequence a cluster, W_hh in registers and shared
+                                       memory, FFMA */
 } prnn_tier_t;
 
 /* Name of a tier, e.g. "persistent_registers". */
