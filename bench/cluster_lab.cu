@@ -8,13 +8,15 @@
  * Prints {"label", "hidden", "batch", "group", "clusters", "room", "waves", "us_per_step",
  * "intercept_us", "t1_us" (one step: launch, prologue, step)} lines for the bfloat16
  * kernel, and {"label", "hidden", "batch", "us_per_step", "intercept_us", "t1_us"}
- * for the FFMA one (cluster_ffma.cuh; in the PRNN_CLUSTER_ABLATE=0 build only).
+ * for the FFMA one (cluster_ffma.cuh) and the cluster grid (cluster_grid.cuh, with
+ * "clusters" and "room"), in the PRNN_CLUSTER_ABLATE=0 build only.
  */
 #include <cstdio>
 #include <cstdlib>
 
 #include "cluster.cuh"
 #include "cluster_ffma.cuh"
+#include "cluster_grid.cuh"
 
 #include "lab_common.h"
 
@@ -89,6 +91,69 @@ static void run_ffma(const char *label, const char *dtype, int batch, int hidden
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
 }
 
+/* The cluster grid (cluster_grid.cuh): H / 160 clusters of 8 CTAs in one
+ * cooperative launch, groups of 8 sequences in turn. */
+template <typename E>
+static void run_grid(const char *label, const char *dtype, int batch, int hidden) {
+  constexpr int RREG = 4;
+  void (*fn)(RecurrenceParams) = cluster_grid_kernel<E, 16, RREG>;
+  const int clusters = (hidden + kGridClusterRows - 1) / kGridClusterRows;
+  const int smem = cluster_grid_smem_bytes((int)sizeof(E), 16, RREG);
+  CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t one = cluster_launch_config(kGridClusterCtas, kGridClusterCtas, smem, 0, &attrs[0]);
+  int room = 0;
+  CHECK(cudaOccupancyMaxActiveClusters(&room, (const void *)fn, &one));
+  const int big = 1024;
+  const DenseBuffers b(big, batch, hidden, sizeof(E), 0, 0);
+  void *ws;
+  const size_t ws_bytes = cluster_grid_workspace_bytes(clusters * kGridClusterRows);
+  CHECK(cudaMalloc(&ws, ws_bytes));
+  auto time_ms = [&](int steps) {
+    RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
+    p.hidden_padded = clusters * kGridClusterRows;
+    p.xchg = static_cast<unsigned long long *>(ws);
+    cudaLaunchConfig_t cfg =
+        cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem, 0, &attrs[0]);
+    attrs[1].id = cudaLaunchAttributeCooperative;
+    attrs[1].val.cooperative = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
+    return median_launch_ms(9, [&] { CHECK(cudaMemsetAsync(ws, 0, (size_t)kGridFlagWords * 4)); },
+                            [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
+  };
+  const float short_ms = time_ms(64), long_ms = time_ms(big), one_ms = time_ms(1);
+  printf("{\"label\": \"%s %s grid\", \"hidden\": %d, \"batch\": %d, \"clusters\": %d, \"room\": %d, "
+         "\"us_per_step\": %.3f, \"intercept_us\": %.1f, \"t1_us\": %.1f}\n", label, dtype, hidden, batch, clusters,
+         room, 1000.f * (long_ms - short_ms) / (big - 64),
+         1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
+#ifdef PRNN_GRID_TRACE
+  { /* the phase trace of the last launch (T = 1): run T = 256 once more and print median phase lengths */
+    RecurrenceParams p = dense_params(256, batch, hidden, b.a, b.in, b.h0, b.out);
+    p.hidden_padded = clusters * kGridClusterRows;
+    p.xchg = static_cast<unsigned long long *>(ws);
+    cudaLaunchConfig_t cfg =
+        cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem, 0, &attrs[0]);
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
+    CHECK(cudaMemset(ws, 0, (size_t)kGridFlagWords * 4));
+    CHECK(cudaLaunchKernelEx(&cfg, fn, p));
+    CHECK(cudaDeviceSynchronize());
+    long long tr[64][8];
+    CHECK(cudaMemcpyFromSymbol(tr, g_grid_trace, sizeof tr));
+    printf("  trace (median cycles) wait %s\n", "");
+    const char *names[8] = {"wait", "compute", "reduce+handover", "epilogue", "fence+flag", "poll", "multicast", "to next step"};
+    for (int k = 0; k < 8; ++k) {
+      std::vector<long long> d;
+      for (int i = 0; i + 1 < 64; ++i) d.push_back(k < 7 ? tr[i][k + 1] - tr[i][k] : tr[i + 1][0] - tr[i][7]);
+      std::sort(d.begin(), d.end());
+      printf("  %-16s %lld\n", names[k], d[d.size() / 2]);
+    }
+  }
+#endif
+  CHECK(cudaFree(ws));
+}
+
 int main(int argc, char **argv) {
   const char *label = argc > 1 ? argv[1] : "cluster";
   run<8>(label, 4, 1024);
@@ -111,6 +176,9 @@ int main(int argc, char **argv) {
   run_ffma<float, 9, 9, 5>(label, "f32", 4, 1152);
   run_ffma<__nv_bfloat16, 9, 9, 9>(label, "bf16 ffma", 4, 1152);
   run_ffma<__half, 9, 9, 9>(label, "f16 ffma", 4, 1152);
+  for (int batch : {1, 4, 8, 16}) run_grid<float>(label, "f32", batch, 2048);
+  for (int batch : {1, 4, 8, 16}) run_grid<__nv_bfloat16>(label, "bf16", batch, 2048);
+  run_grid<__half>(label, "f16", 8, 2048);
 #endif
   return 0;
 }

@@ -24,6 +24,9 @@ CASES = [  # (T, B, H, dtype, with lengths)
     (3, 4, 1152, torch.bfloat16, True),
     (3, 2, 1025, torch.float16, False),
     (3, 4, 2048, torch.float32, False),
+    (3, 6, 2048, torch.float32, True),  # the cluster grid (cluster_grid.cuh)
+    (3, 9, 1300, torch.bfloat16, True),  # the cluster grid, two groups of sequences
+    (3, 4, 2304, torch.bfloat16, False),  # the grid tier
     (3, 4, 2816, torch.bfloat16, False),
     (3, 3, 2816, torch.float16, True),
     (3, 2, 64, torch.float64, True),

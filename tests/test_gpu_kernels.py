@@ -14,14 +14,17 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Relative-error bounds against the float64 reference (DESIGN.md: numerics);
 # the float64 kernels are held tighter here than in the module tests.
 TOL = {**conftest.TOL, torch.float64: 1e-12}
-ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster")
+ON_CHIP = ("persistent_registers", "persistent_shared", "persistent_cluster", "persistent_cluster_grid")
 
 
 def assert_float32_tier(H, B):
-    """float32's tier on this GPU: clusters up to H = 1152 where the cluster tier is on, else the grid."""
+    """float32's tier on this GPU where the cluster tiers are on: one cluster
+    up to H = 1152, several up to 2048 at B >= 5; else the grid."""
     tier = torch_prnn.plan(H, batch=B, device="cuda")["tier"]
     if cluster_tier_available() and H <= 1152:
         assert tier == "persistent_cluster", (H, B, tier)
+    elif cluster_tier_available() and H <= 2048 and B >= 5:
+        assert tier == "persistent_cluster_grid", (H, B, tier)
     else:
         assert tier in ("persistent_registers", "persistent_shared"), (H, B, tier)
 
@@ -89,7 +92,7 @@ SIZES = [  # (T, B, H): every H, B and T the issue names, each at least once
     (1, 1, 1), (2, 3, 7), (255, 4, 33), (2, 17, 129), (255, 1, 1000), (255, 4, 1024),
     (2, 17, 1024), (255, 3, 2048), (1, 4, 2048), (255, 4, 2816), (2, 1, 2816), (255, 17, 7),
     # cluster tier boundaries: 16 bits 5 CTAs x 3 clusters; the FFMA kernel's first and
-    # last H of 72 rows a CTA; the first size past the cluster tier
+    # last H of 72 rows a CTA; the first size past one cluster
     (100, 20, 300), (50, 2, 1025), (50, 3, 1152), (20, 2, 1153),
 ]
 
@@ -157,6 +160,49 @@ def test_cluster_tier_choice():
         expected = 16 * 200 if dtype == torch.float32 else 16 * 25
         assert torch_prnn.plan(1024, batch=200, dtype=dtype, device="cuda")["grid"] == expected
         assert torch_prnn.plan(1153, batch=4, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
+
+
+def test_cluster_grid_choice():
+    """On sm_90, H from 1153 to 2048 at B >= 5 runs on the cluster grid: H /
+    160 clusters of 8 CTAs of 20 rows each, every batch in one launch (groups
+    of 8 sequences in turn), with a workspace of 4 KiB of flags and two
+    exchange buffers of 8 sequences. B <= 4, and H past 2048, keep the
+    grid-wide kernel."""
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for H in (1153, 1280, 1281, 2047, 2048):
+            for B, backward in ((5, False), (9, True), (200, False)):
+                p = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", backward=backward)
+                G = -(-H // 160)
+                assert p["tier"] == "persistent_cluster_grid", (dtype, H, B, p)
+                assert p["rows_per_cta"] == 20 and p["grid"] == 8 * G and p["block"] == 256, p
+                assert p["workspace_bytes"] == 4096 + 2 * 8 * 160 * G * 4, p
+            for B in (1, 4):
+                p = torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")
+                assert p["tier"] in ("persistent_registers", "persistent_shared"), (dtype, H, B, p)
+        p = torch_prnn.plan(2049, batch=8, dtype=dtype, device="cuda")
+        assert p["tier"] in ("persistent_registers", "persistent_shared", "stepwise"), p
+
+
+GRID_CLUSTER_CASES = [(dtype, H) for dtype in DTYPES for H in (1153, 1300, 1441, 2048)]
+
+
+@pytest.mark.parametrize("dtype,H", GRID_CLUSTER_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("B", [5, 9, 17])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_cluster_grid(dtype, H, B, nonlinearity):
+    """The cluster grid: odd H (padding rows publish zeros: 1441 takes 10
+    clusters, 1600 rows, 159 of them padding; 2048 takes 13, 2080 rows, past
+    the kernel's K extent of 2048), a partial group, two and three groups
+    of 8 in one launch (a group's h0 replaces the state
+    the one before left). Forward and backward with lengths, against
+    float64."""
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
+    assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster_grid"
+    for T, lengths in ((1, False), (2, True), (37, True)):
+        check_backward(T, B, H, dtype, nonlinearity, lengths=lengths, seed=H + B)
 
 
 FFMA_CASES = [(torch.float32, H) for H in (1, 7, 64, 65, 129, 256, 257, 500, 512, 513, 1000, 1024, 1025, 1100,
@@ -281,9 +327,9 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
         assert rel_err(g, g_ref) < max(TOL[dtype], 1e-4), f"grad {name}"
 
 
-@pytest.mark.parametrize("H", [1024, 1280])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
-def test_cuda_graph_capture_and_replay(H):
-    T, B = 64, 4
+@pytest.mark.parametrize("H,B", [(1024, 4), (1280, 4), (2048, 9)])  # float32: a cluster, the grid, the cluster grid
+def test_cuda_graph_capture_and_replay(H, B):
+    T = 64
     assert_float32_tier(H, B)
     xp, h0, w, _ = make_problem(T, B, H, torch.float32, seed=11)
     static_xp = xp.clone()
@@ -320,10 +366,12 @@ def test_graph_replay_loop_stays_correct():
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_two_streams_at_once():
-    """A grid-tier (cooperative) launch and a cluster launch at once on two streams."""
-    problems = [make_problem(200, 4, 1280, torch.float32, seed=20), make_problem(200, 3, 512, torch.bfloat16, seed=21)]
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    outs = [None, None]
+    """Launches of every on-chip kind at once on their own streams: the grid
+    tier and the cluster grid (cooperative), and the cluster tier."""
+    problems = [make_problem(200, 4, 2304, torch.bfloat16, seed=20), make_problem(200, 3, 512, torch.bfloat16, seed=21),
+                make_problem(200, 6, 1280, torch.float32, seed=22), make_problem(200, 9, 2048, torch.float16, seed=23)]
+    streams = [torch.cuda.Stream() for _ in problems]
+    outs = [None] * len(problems)
     torch.cuda.synchronize()
     for i, (prob, st) in enumerate(zip(problems, streams)):
         with torch.cuda.stream(st):
@@ -335,11 +383,11 @@ def test_two_streams_at_once():
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
-@pytest.mark.parametrize("H", [1024, 1280])  # float32: the cluster tier at B = 4, the grid tier (cooperative)
-def test_beside_a_long_running_kernel(H):
+@pytest.mark.parametrize("H,B", [(1024, 4), (1280, 4), (2048, 9)])  # float32: a cluster, the grid, the cluster grid
+def test_beside_a_long_running_kernel(H, B):
     """A persistent launch while another stream keeps the SMs busy must wait, not deadlock."""
-    assert_float32_tier(H, 4)
-    xp, h0, w, _ = make_problem(100, 4, H, torch.float32, seed=30)
+    assert_float32_tier(H, B)
+    xp, h0, w, _ = make_problem(100, B, H, torch.float32, seed=30)
     busy = torch.randn(4096, 4096, device="cuda")
     other = torch.cuda.Stream()
     torch.cuda.synchronize()
@@ -354,8 +402,10 @@ def test_beside_a_long_running_kernel(H):
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
 def test_many_threads_share_the_op():
-    """8 threads, each on its own stream, half on the grid tier (a workspace each call), half on clusters."""
-    problems = [make_problem(32, 1 + i % 4, 1280 if i % 2 else 256, torch.float32, seed=40 + i) for i in range(8)]
+    """8 threads, each on its own stream: the grid tier and the cluster grid
+    (cooperative, a workspace each call) and single clusters."""
+    problems = [make_problem(32, (1, 3, 2, 6)[i % 4], (256, 1280, 256, 2048)[i % 4], torch.float32, seed=40 + i)
+                for i in range(8)]
 
     def worker(xp, h0, w, _):
         with torch.cuda.stream(torch.cuda.Stream()):

@@ -5,7 +5,8 @@ the plan query."""
 import torch
 from torch import Tensor
 
-_TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster")
+_TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster",
+          "persistent_cluster_grid")
 
 
 def _check_devices(op, x_name, x, others, lengths):

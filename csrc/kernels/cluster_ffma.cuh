@@ -3,8 +3,6 @@
  * cluster, W_hh's rows split over the cluster's registers and shared memory,
  * float32 arithmetic. It runs float32 up to H = 1152, and the 16-bit dtypes
  * from H = 1025 to 1152, past the tensor-core cluster kernel (cluster.cuh).
- * DRAFT, NOT RUN ON A GPU for WR = 9 and the 16-bit dtypes (the float32
- * shapes with WR = 8 are the tested kernel of earlier commits, generalized).
  *
  * CTA c owns 8 WR rows of A (WR = 8 or 9 per warp; at least two CTAs). Warp
  * w owns the CTA's rows 8w .. 8w + 7 and, with WR = 9, row 64 + w, so every
@@ -44,30 +42,30 @@ __host__ __device__ constexpr int cluster_ffma_smem_bytes(int elem_bytes, int kc
                    : rreg * kc * 256 * 4 * elem_bytes);
 }
 
-/* 4 consecutive elements of a row of A at their width, and their dot
- * product with 4 float32 state values. */
+/* 4 consecutive elements of a row of A at their width, widened to float32,
+ * and their dot product with 4 float32 state values. */
+__device__ __forceinline__ float dot4(float4 a, float4 h, float acc) {
+  acc = fmaf(a.x, h.x, acc);
+  acc = fmaf(a.y, h.y, acc);
+  acc = fmaf(a.z, h.z, acc);
+  return fmaf(a.w, h.w, acc);
+}
 template <typename E> struct Quad;
 template <> struct Quad<float> {
   typedef float4 type;
-  static __device__ __forceinline__ float dot(type a, float4 h, float acc) {
-    acc = fmaf(a.x, h.x, acc);
-    acc = fmaf(a.y, h.y, acc);
-    acc = fmaf(a.z, h.z, acc);
-    return fmaf(a.w, h.w, acc);
-  }
+  static __device__ __forceinline__ float4 widen4(type a) { return a; }
+  static __device__ __forceinline__ float dot(type a, float4 h, float acc) { return dot4(a, h, acc); }
   static __device__ __forceinline__ void put(type *q, int e, float v) { reinterpret_cast<float *>(q)[e] = v; }
 };
 /* 16-bit: element e in bits 16 (e % 2) of word e / 2 */
 template <typename E> struct Quad16 {
   typedef uint2 type;
   static __device__ __forceinline__ float2 widen(uint32_t w);
-  static __device__ __forceinline__ float dot(type a, float4 h, float acc) {
+  static __device__ __forceinline__ float4 widen4(type a) {
     const float2 lo = widen(a.x), hi = widen(a.y);
-    acc = fmaf(lo.x, h.x, acc);
-    acc = fmaf(lo.y, h.y, acc);
-    acc = fmaf(hi.x, h.z, acc);
-    return fmaf(hi.y, h.w, acc);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
   }
+  static __device__ __forceinline__ float dot(type a, float4 h, float acc) { return dot4(widen4(a), h, acc); }
   static __device__ __forceinline__ void put(type *q, int e, E v) {
     reinterpret_cast<unsigned short *>(q)[e] = (unsigned short)bits16(v);
   }

@@ -8,6 +8,7 @@
 
 #include "cluster.cuh"
 #include "cluster_ffma.cuh"
+#include "cluster_grid.cuh"
 #include "persistent.cuh"
 #include "prnn_internal.h"
 #include "stepwise.cuh"
@@ -180,19 +181,20 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 
 /* The cluster kernel's launch for a problem. */
 struct ClusterLaunch {
-  PersistentKernel kernel; /* NULL: the problem does not take the cluster tier */
-  int ctas;                /* cluster size: one CTA per rows_per_cta rows, at least two */
-  int rows_per_cta;        /* 64, or 8 WR on the FFMA kernel */
-  int group_seqs;          /* sequences per cluster, 1..8 (1 on the FFMA kernel) */
-  int grid;                /* ctas x groups */
+  PersistentKernel kernel; /* NULL: the problem does not take a cluster tier */
+  int ctas;                /* cluster size: one CTA per rows_per_cta rows, at least two (8 on the cluster grid) */
+  int rows_per_cta;        /* 64, 8 WR on the FFMA kernel, 20 on the cluster grid */
+  int group_seqs;          /* sequences per cluster, 1..8 (1 on the FFMA kernel; unused on the cluster grid) */
+  int grid;                /* ctas x groups, or 8 G on the cluster grid */
   int smem_bytes;
+  int team_rows;           /* cluster grid only (else 0): the 160 G rows its G clusters cover */
 };
 
 /* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
  * (device, kernel, cluster size): 0 unknown, -1 none, else the count. The
  * kernels: the tensor-core ones (bf16 then f16, cluster_config_count each),
- * then the FFMA ones in their table's order. */
-const int kClusterKernels = 2 * cluster_config_count + cluster_ffma_config_count;
+ * then the FFMA ones, then the cluster-grid ones, in their tables' order. */
+const int kClusterKernels = 2 * cluster_config_count + cluster_ffma_config_count + cluster_grid_config_count;
 int g_cluster_room[kMaxDevices][kClusterKernels][kClusterMaxCtas + 1];
 
 /* The room of a cluster kernel launched with smem_bytes, cached in *known. Its
@@ -262,6 +264,41 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
   return c;
 }
 
+/* Batches from which the cluster grid beats the grid tier: at H = 2048 it
+ * was 18-21% faster at B = 8 and 16, and 13-27% slower at B = 4 (and in
+ * 16 bits at B = 1, 2), where every SM polling the whole state costs less
+ * than its longer exchange (bench/NOTES.md step 29). */
+const int64_t kClusterGridMinBatch = 5;
+
+/* The cluster-grid tier (cluster_grid.cuh): past what one cluster holds, up
+ * to H = 2048, for batches from kClusterGridMinBatch, on G = H / 160 clusters
+ * of 8 CTAs that must all be resident at once (none if the device holds
+ * fewer); groups of 8 sequences in turn. */
+prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
+  memset(c, 0, sizeof *c);
+  if (!dev.cluster || !dev.cooperative || pb->batch < kClusterGridMinBatch) return PRNN_STATUS_SUCCESS;
+  for (int i = 0; i < cluster_grid_config_count; ++i) {
+    const ClusterGridConfig &f = cluster_grid_configs[i];
+    if (f.dtype != pb->dtype || pb->hidden > 128 * (int64_t)f.k_chunks) continue;
+    const int clusters = (int)((pb->hidden + kGridClusterRows - 1) / kGridClusterRows);
+    const int smem = cluster_grid_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.reg_rows);
+    if (clusters > kGridMaxClusters || smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+    int room;
+    const int slot = 2 * cluster_config_count + cluster_ffma_config_count + i;
+    const prnn_status_t st =
+        cluster_room(&g_cluster_room[device][slot][kGridClusterCtas], f.kernel, kGridClusterCtas, smem, dev, &room);
+    if (st != PRNN_STATUS_SUCCESS || room < clusters) return st;
+    c->kernel = f.kernel;
+    c->ctas = kGridClusterCtas;
+    c->rows_per_cta = kGridRows;
+    c->grid = clusters * kGridClusterCtas;
+    c->smem_bytes = smem;
+    c->team_rows = clusters * kGridClusterRows;
+    return PRNN_STATUS_SUCCESS;
+  }
+  return PRNN_STATUS_SUCCESS;
+}
+
 /* The cluster tier, on a device with cluster launches. A step costs less the
  * fewer sequences a cluster carries (the tensor-core kernel's exchange carries
  * only those: bench/NOTES.md), so the batch is spread over as many clusters as
@@ -309,10 +346,12 @@ prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, Clust
   st = device_info(device, &dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = choose_cluster(pb, device, dev, cluster);
+  if (st == PRNN_STATUS_SUCCESS && cluster->kernel == NULL) st = choose_cluster_grid(pb, device, dev, cluster);
   if (st != PRNN_STATUS_SUCCESS) return st;
   if (cluster->kernel != NULL) {
-    out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
-    out->workspace_bytes = 0; /* the state lives in the cluster's shared memory */
+    out->tier = cluster->team_rows > 0 ? PRNN_TIER_PERSISTENT_CLUSTER_GRID : PRNN_TIER_PERSISTENT_CLUSTER;
+    /* one cluster keeps the state in its shared memory; the cluster grid exchanges it through L2 */
+    out->workspace_bytes = cluster->team_rows > 0 ? cluster_grid_workspace_bytes(cluster->team_rows) : 0;
     out->grid = cluster->grid;
     out->block = kClusterThreads;
     out->rows_per_cta = cluster->rows_per_cta;
@@ -358,11 +397,25 @@ prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, Re
   return PRNN_STATUS_SUCCESS;
 }
 
-/* One launch of the cluster kernel: clusters are co-scheduled, so no cooperative launch. */
-prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, cudaStream_t stream) {
+/* One launch of a cluster kernel. A cluster is co-scheduled, and those of
+ * the cluster tier are independent; the cluster grid's wait for each other,
+ * so its launch is cooperative too (all resident at once, or an error), after
+ * its flags are zeroed. */
+prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, void *workspace,
+                             cudaStream_t stream) {
   params.group_seqs = c.group_seqs;
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attr);
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
+  if (c.team_rows > 0) {
+    params.hidden_padded = c.team_rows;
+    params.xchg = static_cast<unsigned long long *>(workspace);
+    const cudaError_t err = cudaMemsetAsync(workspace, 0, (size_t)kGridFlagWords * 4, stream);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
+    attrs[1].id = cudaLaunchAttributeCooperative;
+    attrs[1].val.cooperative = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
+  }
   const cudaError_t err = cudaLaunchKernelEx(&cfg, c.kernel, params);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster kernel)");
   return PRNN_STATUS_SUCCESS;
@@ -387,7 +440,7 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void
   if (pl.workspace_bytes > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
                      PRNN_WORKSPACE_ALIGNMENT, workspace);
-  if (cluster.kernel != NULL) return launch_cluster(cluster, params, stream);
+  if (cluster.kernel != NULL) return launch_cluster(cluster, params, workspace, stream);
   if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
   err = launch_stepwise(pb->dtype, params, workspace, stream);
   if (err != cudaSuccess) return cuda_fail(err, "stepwise_rnn_kernel launch");
