@@ -36,11 +36,13 @@
  * a relay sends step u into a CTA's buffer (u+1)&1 only after it had all of
  * s_{u-1}, which holds every row that CTA published in step u-1, after all
  * its warps had read that buffer (every warp raises a flag). The hand-over
- * buffer is written again only after the next step's state arrived, which
- * took both warps' flags, raised after they read it. The exchange buffer u&1 is written again in
- * step u + 2, by a warp that had all of s_{u+1}; the relays that read step
- * u's slices published their rows of u + 1 after their own copy of s_u
- * arrived. Steps are counted over the whole launch (u), so a new group's
+ * buffers alternate by step too, so a warp writes one again only after the
+ * named barrier of the step between, which its partner reaches after its
+ * read (ordered inside the CTA, where compute-sanitizer's racecheck sees it;
+ * one buffer was safe only through the flags). The exchange buffer u&1 is
+ * written again in step u + 2, by a warp that had all of s_{u+1}; the
+ * relays that read step u's slices published their rows of u + 1 after
+ * their own copy of s_u arrived. Steps are counted over the whole launch (u), so a new group's
  * first step waits for the last step's delivery of the one before and only
  * then puts h0 in its place.
  *
@@ -68,12 +70,12 @@ const int kGridFlagWords = kGridClusterCtas * kGridMaxClusters * kClusterWarps; 
 __host__ __device__ constexpr int cluster_grid_state_pitch(int kc) { return 128 * kc + kGridClusterRows; }
 
 /* Dynamic shared memory: mbarriers [2] (16 bytes), the K halves' hand-over
- * [8 warps][32 lanes] fp32, then A's shared-memory rows
+ * [2][8 warps][32 lanes] fp32, then A's shared-memory rows
  * [5 - RREG][8 warps][KC / 2][32 lanes] quads and the state [2][8
  * sequences][pitch] fp32; before stepping, the space of the last two stages
  * A's 20 rows at a pitch of 128 KC elements and one 32-bit word. */
 __host__ __device__ constexpr int cluster_grid_smem_bytes(int elem_bytes, int kc, int rreg) {
-  return 16 + kClusterWarps * 32 * 4 +
+  return 16 + 2 * kClusterWarps * 32 * 4 +
          ((kGridWarpRows - rreg) * 8 * (kc / 2) * 32 * 4 * elem_bytes + 2 * kGridSeqs * cluster_grid_state_pitch(kc) * 4 >
                   kGridRows * (128 * kc * elem_bytes + 4)
               ? (kGridWarpRows - rreg) * 8 * (kc / 2) * 32 * 4 * elem_bytes +
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
   float *handover = reinterpret_cast<float *>(smem + 16);
-  Q *a_smem = reinterpret_cast<Q *>(smem + 16 + kClusterWarps * 32 * 4);
+  Q *a_smem = reinterpret_cast<Q *>(smem + 16 + 2 * kClusterWarps * 32 * 4);
   float *state = reinterpret_cast<float *>(a_smem + (WR - RREG) * 8 * KH * 32);
   auto a_smem_at = [&](int rr, int i) -> Q & { return a_smem[(((rr - RREG) * 8 + warp) * KH + i) * 32 + lane]; };
 
@@ -298,10 +300,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
       fifth_sum += __shfl_xor_sync(0xffffffffu, fifth_sum, 1);
       /* the K halves meet (named barrier 1 + g, the row group's two warps):
        * each hands over its partial sums of the rows the other finishes */
-      handover[warp * 32 + lane] = half == 0 ? fifth_sum : main_sums[0];
+      float *swap = handover + cur * kClusterWarps * 32;
+      swap[warp * 32 + lane] = half == 0 ? fifth_sum : main_sums[0];
       asm volatile("bar.sync %0, %1;" :: "r"(1 + g), "r"(64) : "memory");
       GRID_MARK(3);
-      const float mat = handover[(warp ^ kGridRowGroups) * 32 + lane] + (half == 0 ? main_sums[0] : fifth_sum);
+      const float mat = swap[(warp ^ kGridRowGroups) * 32 + lane] + (half == 0 ? main_sums[0] : fifth_sum);
 
       const bool active = o_valid && t < o_len;
       /* past the length the state stays s_{t-1}: this CTA's buffer holds it */
