@@ -163,8 +163,8 @@ def test_cluster_tier_choice():
 
 
 def test_cluster_grid_choice():
-    """On sm_90, H from 1153 to 2048 at B >= 5 runs on the cluster grid: H /
-    160 clusters of 8 CTAs of 20 rows each, every batch in one launch (groups
+    """On sm_90, H from 1153 to 2048 at B >= 5 runs on the cluster grid:
+    ceil(H / 160) clusters of 8 CTAs of 20 rows each, every batch in one launch (groups
     of 8 sequences in turn), with a workspace of 4 KiB of flags and two
     exchange buffers of 8 sequences. B <= 4, and H past 2048, keep the
     grid-wide kernel."""
@@ -293,20 +293,23 @@ def test_non_contiguous_inputs(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("H,pitch,offset",
                          [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2),
-                          (1100, 1104, 0), (1100, 1104, 2), (1100, 1104, 4)],
+                          (1100, 1104, 0), (1100, 1104, 2), (1100, 1104, 4), (1300, 1304, 2), (1300, 1304, 1)],
                          ids=["wide", "wide-offset", "wide-edge", "misaligned", "offset-2", "ffma-wide",
-                              "ffma-offset-2", "ffma-offset-4"])
+                              "ffma-offset-2", "ffma-offset-4", "grid-offset-2", "grid-misaligned"])
 def test_cluster_weight_layouts(dtype, H, pitch, offset):
     """The cluster kernels stage W_hh (rows contiguous forward, columns
     backward): the 16-bit tensor-core kernel in 16-byte chunks, the FFMA
     kernel 4 columns a load forward and element by element, consecutive rows
     across lanes, backward; wide loads where stride and alignment allow and
     element by element elsewhere: row pitch a multiple of the chunk or not, aligned or
-    not, H not a multiple of the chunk (chunks across the edge)."""
+    not, H not a multiple of the chunk (chunks across the edge). Past
+    H = 1152, the cluster grid at B = 5 (element by element along the
+    contiguous dimension)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
-    T, B = 9, 3
-    assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster"
+    T, B = 9, (5 if H > 1152 else 3)
+    tier = "persistent_cluster_grid" if H > 1152 else "persistent_cluster"
+    assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == tier
     xp, h0, w_dense, _ = make_problem(T, B, H, dtype, seed=21)
     buf = torch.randn(H + 1, pitch, device="cuda").to(dtype)
     w = buf[1:, offset:offset + H]
@@ -325,6 +328,29 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
     ref_grads = reference_backward(grad_y.double(), y.double(), h0.double(), w.double(), None, "tanh")
     for name, g, g_ref in zip(("xp", "h0", "w_hh"), grads, ref_grads):
         assert rel_err(g, g_ref) < max(TOL[dtype], 1e-4), f"grad {name}"
+
+
+def test_cluster_grid_keeps_sequences_apart():
+    """The cluster grid computes all 8 slots of a group, the ones past a
+    last partial group too, where the state of the group before stays: a
+    sequence that overflows to inf/NaN in the first group must not reach
+    the others, nor sequence 8, which runs alone in slot 0 of the second."""
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
+    T, B, H = 12, 9, 1300
+    xp, h0, w, _ = make_problem(T, B, H, torch.float32, "relu", seed=70)
+    assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster_grid"
+    xp[:, 1] = 3e38  # relu: sequence 1 overflows to inf by the second step
+    y = torch.ops.prnn.forward(xp, h0, w, None, "relu")
+    assert not torch.isfinite(y[-1, 1]).all()
+    keep = [b for b in range(B) if b != 1]
+    ref = reference_forward(xp[:, keep].double(), h0[keep].double(), w.double(), None, "relu")
+    assert torch.isfinite(y[:, keep]).all()
+    assert rel_err(y[:, keep], ref) < TOL[torch.float32]
+    grad_y = torch.randn(T, B, H, device="cuda")
+    grad_y[:, 1] = float("nan")
+    gxp = torch.ops.prnn.backward(grad_y, y, h0, w, None, "relu")[0]
+    assert torch.isfinite(gxp[:, keep]).all()
 
 
 @pytest.mark.parametrize("H,B", [(1024, 4), (1280, 4), (2048, 9)])  # float32: a cluster, the grid, the cluster grid

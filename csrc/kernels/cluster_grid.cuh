@@ -1,6 +1,6 @@
 /*
  * cluster_grid.cuh - the cluster-grid kernel (sm_90): for H past what one
- * cluster holds (1153 .. 2048), G = H / 160 clusters of 8 CTAs run together
+ * cluster holds (1153 .. 2048), G = ceil(H / 160) clusters of 8 CTAs run together
  * in one cooperative launch, each CTA keeping 20 rows of A = W_hh (forward)
  * or W_hh^T (backward) on chip for the whole sequence. A group of up to 8
  * sequences runs at once; larger batches run group after group in the same
@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
       for (int i = 0; i < KH; ++i) a_smem_at(rr, i) = a_tmp[rr - RREG][i];
   }
 
-  /* Both state buffers zero: rows past H, and sequences past a group's, stay so. */
+  /* Both state buffers zero: rows past H stay so; slots past a group's
+   * sequences are zero in the first group and stale after it, never published. */
   for (int i = tid; i < 2 * kGridSeqs * SP; i += kClusterThreads) state[i] = 0.f;
   const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);

@@ -27,6 +27,7 @@ struct DeviceInfo {
   int smem_optin;          /* most dynamic shared memory a block may opt into */
   int cooperative;         /* cooperative launches supported */
   int cluster;             /* thread-block cluster launches supported (sm_90+) */
+  int major;               /* compute capability major */
 };
 /* Filled once per device: the fields first, then `ready` with a release store
  * (read with acquire), so a reader that sees ready sees the fields; a racing
@@ -60,10 +61,12 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&fresh.cooperative, cudaDevAttrCooperativeLaunch, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.cluster, cudaDevAttrClusterLaunch, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.major, cudaDevAttrComputeCapabilityMajor, device);
     if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
     d->sms = fresh.sms;
     d->smem_optin = fresh.smem_optin;
     d->cooperative = fresh.cooperative;
+    d->major = fresh.major;
     d->cluster = fresh.cluster && !cluster_tier_disabled();
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
   }
@@ -264,19 +267,29 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
   return c;
 }
 
-/* Batches from which the cluster grid beats the grid tier: at H = 2048 it
- * was 18-21% faster at B = 8 and 16, and 13-27% slower at B = 4 (and in
- * 16 bits at B = 1, 2), where every SM polling the whole state costs less
- * than its longer exchange (bench/NOTES.md step 29). */
+/* Batches from which the cluster grid beats the grid tier: at H = 2048 its
+ * step took 15-21% less time at B = 8 and 16, about the same at B = 5-6 (and
+ * 22-36% less at H = 1280), and 13-27% more at B = 4 (and in 16 bits at
+ * B = 1, 2), where every SM polling the whole state costs less than its
+ * longer exchange (bench/NOTES.md step 29). */
 const int64_t kClusterGridMinBatch = 5;
+/* The cluster grid takes what one cluster cannot hold: H past the FFMA
+ * cluster kernel's 1152 (a smaller H, declined by the cluster tier on some
+ * other GPU, keeps the grid tier, rather than a cluster grid of fewer than 8
+ * clusters, which has not run). */
+const int64_t kClusterGridMinHidden = 1153;
 
 /* The cluster-grid tier (cluster_grid.cuh): past what one cluster holds, up
- * to H = 2048, for batches from kClusterGridMinBatch, on G = H / 160 clusters
- * of 8 CTAs that must all be resident at once (none if the device holds
- * fewer); groups of 8 sequences in turn. */
+ * to H = 2048, for batches from kClusterGridMinBatch, on G = ceil(H / 160)
+ * clusters of 8 CTAs that must all be resident at once (none if the device
+ * holds fewer); groups of 8 sequences in turn. On compute capability 9.x
+ * only: its bulk multicast is built for sm_90, not sm_90a, and ptxas warns
+ * that later architectures may run that much slower. */
 prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
   memset(c, 0, sizeof *c);
-  if (!dev.cluster || !dev.cooperative || pb->batch < kClusterGridMinBatch) return PRNN_STATUS_SUCCESS;
+  if (!dev.cluster || !dev.cooperative || dev.major != 9 || pb->batch < kClusterGridMinBatch ||
+      pb->hidden < kClusterGridMinHidden)
+    return PRNN_STATUS_SUCCESS;
   for (int i = 0; i < cluster_grid_config_count; ++i) {
     const ClusterGridConfig &f = cluster_grid_configs[i];
     if (f.dtype != pb->dtype || pb->hidden > 128 * (int64_t)f.k_chunks) continue;

@@ -96,10 +96,11 @@ typedef enum prnn_tier {
                                        as tensor-core fragments; float32, and 16-bit past 1024,
                                        one sequence a cluster, W_hh in registers and shared
                                        memory, FFMA */
-  PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6 /* several clusters at once (sm_90+, H 1153 to 2048): W_hh in
-                                       registers over H / 128 clusters of 8 CTAs, up to 8 sequences
-                                       at once, the state exchanged through L2 and multicast into
-                                       each cluster, FFMA */
+  PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6 /* several clusters at once (sm_90, H 1153 to 2048, B >= 5):
+                                       W_hh over ceil(H / 160) clusters of 8 CTAs (8 to 13), 20
+                                       rows a CTA, 4 of each warp's 5 rows in registers and 1 in
+                                       shared memory; groups of 8 sequences; the state exchanged
+                                       through L2 and multicast into each cluster; FFMA */
 } prnn_tier_t;
 
 /* Name of a tier, e.g. "persistent_registers". */

@@ -15,13 +15,14 @@
 
 namespace prnn {
 
-/* One pass of one layer, for either kernel family; plain old data filled by the
- * launcher (the persistent kernel alone uses hidden_padded and xchg). */
+/* One pass of one layer, for every kernel family; plain old data filled by the
+ * launcher (hidden_padded and xchg: the grid tier and the cluster grid only). */
 struct RecurrenceParams {
   int steps;              /* T */
   int batch;              /* B */
   int hidden;             /* H */
-  int hidden_padded;      /* blockDim.x * KL >= H: the K extent a CTA covers */
+  int hidden_padded;      /* grid tier: blockDim.x * KL >= H, the K extent a CTA covers;
+                             cluster grid: 160 G >= H, the rows its G clusters cover */
   int backward;           /* 0: forward pass, 1: backward-data pass */
   int activation;         /* prnn_activation_t */
   const void *a;          /* A = W_hh (forward) or W_hh^T (backward): A[i][k] at a[i*a_stride_row + k*a_stride_col] */
@@ -35,7 +36,8 @@ struct RecurrenceParams {
   int64_t h0_stride_b;
   const int32_t *lengths; /* batch, or NULL */
   void *out;              /* steps x batch x hidden, contiguous: y or grad_xp */
-  unsigned long long *xchg; /* 2 x batch x hidden_padded/PACK tagged words, zeroed */
+  unsigned long long *xchg; /* grid tier: 2 x batch x hidden_padded/PACK tagged words, zeroed;
+                               cluster grid: its flags (zeroed) and exchange buffer, cluster_grid.cuh */
   int group_seqs;         /* cluster kernel: sequences per cluster, 1..8 */
 };
 
