@@ -269,7 +269,7 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
 
 /* Batches from which the cluster grid beats the grid tier: at H = 2048 its
  * step took 15-21% less time at B = 8 and 16, about the same at B = 5-6 (and
- * 22-36% less at H = 1280), and 13-27% more at B = 4 (and in 16 bits at
+ * 19-41% less at H = 1280), and 13-27% more at B = 4 (and in 16 bits at
  * B = 1, 2), where every SM polling the whole state costs less than its
  * longer exchange (bench/NOTES.md step 29). */
 const int64_t kClusterGridMinBatch = 5;
