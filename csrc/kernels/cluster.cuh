@@ -223,10 +223,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   if (PRNN_CLUSTER_ABLATE & 16) return;
   const int seq0 = (int)cluster_index() * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
-  E *out = static_cast<E *>(p.out);
-  const E *in = static_cast<const E *>(p.in);
-  const E *yfwd = static_cast<const E *>(p.y);
-  const E *h0 = static_cast<const E *>(p.h0);
+  E *out;
+  const E *in, *yfwd, *h0;
+  typed_tensors(p, out, in, yfwd, h0);
 
   /* shared memory: bars[2][8] mbarriers, then state[2][8][SPITCH] 16-bit,
    * partial[8 warps][8 sequences][64 + 4] fp32, slice[8][72] 16-bit (or the A staging area) */

@@ -203,10 +203,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_ffma_kernel(const 
   const int row0 = (int)rank * R;
   const int seq = (int)cluster_index(); /* one sequence per cluster */
   if (ctas * R > KEXT) __trap(); /* the launcher's contract: the cluster's rows fit the K extent */
-  E *out = static_cast<E *>(p.out);
-  const E *in = static_cast<const E *>(p.in);
-  const E *yfwd = static_cast<const E *>(p.y);
-  const E *h0 = static_cast<const E *>(p.h0);
+  E *out;
+  const E *in, *yfwd, *h0;
+  typed_tensors(p, out, in, yfwd, h0);
 
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);

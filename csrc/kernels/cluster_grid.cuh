@@ -104,9 +104,7 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
  * in cta_mask, each CTA's mbarrier at bar counting them */
 __device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, unsigned bytes, uint32_t bar,
                                                unsigned short cta_mask) {
-#ifndef PRNN_GRID_NO_PROXY_FENCE
   asm volatile("fence.proxy.async.global;" ::: "memory"); /* the generic stores observed through the flags */
-#endif
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
       :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(cta_mask) : "memory");
@@ -153,10 +151,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
   const int slice0 = (int)q * G * kGridRows, slice_bytes = G * kGridRows * 4;
   unsigned *flags = reinterpret_cast<unsigned *>(p.xchg);
   float *xbuf = reinterpret_cast<float *>(flags + kGridFlagWords);
-  E *out = static_cast<E *>(p.out);
-  const E *in = static_cast<const E *>(p.in);
-  const E *yfwd = static_cast<const E *>(p.y);
-  const E *h0 = static_cast<const E *>(p.h0);
+  E *out;
+  const E *in, *yfwd, *h0;
+  typed_tensors(p, out, in, yfwd, h0);
 
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);

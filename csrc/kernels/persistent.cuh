@@ -160,10 +160,9 @@ __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const Recurrenc
    * word (j/2 * nthreads + tid) * 2 + j%2: a warp's 16-byte loads are contiguous. */
   auto word_index = [&](int j) { return ((j >> 1) * nthreads + tid) * 2 + (j & 1); };
   const int words_per_seq = p.hidden_padded / PACK;
-  E *out = static_cast<E *>(p.out);
-  const E *in = static_cast<const E *>(p.in);
-  const E *yfwd = static_cast<const E *>(p.y);
-  const E *h0 = static_cast<const E *>(p.h0);
+  E *out;
+  const E *in, *yfwd, *h0;
+  typed_tensors(p, out, in, yfwd, h0);
 
   /* shared memory: [RSH][nthreads][WPT] A words (thread-private), then [2][nwarps][N] partial sums */
   extern __shared__ __align__(16) unsigned char smem[];

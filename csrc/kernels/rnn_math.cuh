@@ -104,6 +104,17 @@ __device__ __forceinline__ A step_output(int backward, int activation, bool acti
   return A(0);
 }
 
+/* The pass's tensors at their element type E (every kernel's first lines):
+ * out, and in, y and h0 as RecurrenceParams documents them. */
+template <typename E>
+__device__ __forceinline__ void typed_tensors(const RecurrenceParams &p, E *&out, const E *&in, const E *&y,
+                                              const E *&h0) {
+  out = static_cast<E *>(p.out);
+  in = static_cast<const E *>(p.in);
+  y = static_cast<const E *>(p.y);
+  h0 = static_cast<const E *>(p.h0);
+}
+
 /* Sequence length of b, clamped to [0, steps]; steps without lengths. */
 __device__ __forceinline__ int sequence_length(const int32_t *lengths, int b, int steps) {
   if (lengths == NULL) return steps;

@@ -35,10 +35,9 @@ __global__ void stepwise_rnn_kernel(const RecurrenceParams p, const E *a, E *sta
   const E *a_row = a + (size_t)row * H;
   const E *prev = state + (size_t)((s + 1) & 1) * B * H; /* s_{t-1}, written by launch s-1 */
   E *next = state + (size_t)(s & 1) * B * H;
-  const E *h0 = static_cast<const E *>(p.h0);
-  const E *in = static_cast<const E *>(p.in);
-  const E *yfwd = static_cast<const E *>(p.y);
-  E *out = static_cast<E *>(p.out);
+  E *out;
+  const E *in, *yfwd, *h0;
+  typed_tensors(p, out, in, yfwd, h0);
 
   /* by tile index: b0 += BT would overflow for B near 2^31 */
   const int tiles = (int)(((int64_t)B + BT - 1) / BT);
