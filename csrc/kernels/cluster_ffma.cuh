@@ -354,10 +354,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_ffma_kernel(const 
 #endif
 }
 
-/* The FFMA cluster shapes (cluster_ffma.cu), per dtype smallest K extent
- * first. float32: KC = 2 and 4 (H <= 256, 512) with all 8 rows of a warp in
- * registers, 8 (H <= 1024) with 6 of 8, 9 (H <= 1152, 72 rows a CTA) with 5
- * of 9. bfloat16/float16: KC = 9 (H 1025 - 1152), all 9 rows in registers. */
+/* A compiled shape of an FFMA kernel: this file's (cluster_ffma.cu), per
+ * dtype smallest K extent first - float32: KC = 2 and 4 (H <= 256, 512) with
+ * all 8 rows of a warp in registers, 8 (H <= 1024) with 6 of 8, 9 (H <=
+ * 1152, 72 rows a CTA) with 5 of 9; bfloat16/float16: KC = 9 (H 1025 -
+ * 1152), all 9 rows in registers - and the cluster grid's (cluster_grid.cuh). */
 struct ClusterFfmaConfig {
   prnn_dtype_t dtype;
   int k_chunks;  /* KC: K extent 128 KC */

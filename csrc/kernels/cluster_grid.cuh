@@ -356,14 +356,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
 /* The compiled kernels (cluster_grid.cu): K extent 2048, by dtype, 4 of a
  * warp's 5 rows in registers (all 5 spill at 16 bits: the compiler hoists
  * the widened rows out of the step loop). */
-struct ClusterGridConfig {
-  prnn_dtype_t dtype;
-  int k_chunks; /* KC: K extent 128 KC */
-  int reg_rows; /* RREG */
-  PersistentKernel kernel;
-};
 const int cluster_grid_config_count = 3; /* cluster_grid.cu checks the table's length against it */
-extern const ClusterGridConfig cluster_grid_configs[];
+extern const ClusterFfmaConfig cluster_grid_configs[];
 
 }  // namespace prnn
 
