@@ -91,7 +91,7 @@ static void run_ffma(const char *label, const char *dtype, int batch, int hidden
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
 }
 
-/* The cluster grid (cluster_grid.cuh): H / 160 clusters of 8 CTAs in one
+/* The cluster grid (cluster_grid.cuh): ceil(H / 160) clusters of 8 CTAs in one
  * cooperative launch, groups of 8 sequences in turn. */
 template <typename E>
 static void run_grid(const char *label, const char *dtype, int batch, int hidden) {
@@ -109,18 +109,17 @@ static void run_grid(const char *label, const char *dtype, int batch, int hidden
   void *ws;
   const size_t ws_bytes = cluster_grid_workspace_bytes(clusters * kGridClusterRows);
   CHECK(cudaMalloc(&ws, ws_bytes));
-  auto time_ms = [&](int steps) {
+  const cudaLaunchConfig_t cfg = cluster_grid_launch_config(clusters, smem, 0, attrs);
+  auto params = [&](int steps) {
     RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
     p.hidden_padded = clusters * kGridClusterRows;
     p.xchg = static_cast<unsigned long long *>(ws);
-    cudaLaunchConfig_t cfg =
-        cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem, 0, &attrs[0]);
-    attrs[1].id = cudaLaunchAttributeCooperative;
-    attrs[1].val.cooperative = 1;
-    cfg.attrs = attrs;
-    cfg.numAttrs = 2;
-    return median_launch_ms(9, [&] { CHECK(cudaMemsetAsync(ws, 0, (size_t)kGridFlagWords * 4)); },
-                            [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
+    return p;
+  };
+  auto zero_flags = [&] { CHECK(cudaMemsetAsync(ws, 0, (size_t)kGridFlagWords * 4)); };
+  auto time_ms = [&](int steps) {
+    const RecurrenceParams p = params(steps);
+    return median_launch_ms(9, zero_flags, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
   };
   const float short_ms = time_ms(64), long_ms = time_ms(big), one_ms = time_ms(1);
   printf("{\"label\": \"%s %s grid\", \"hidden\": %d, \"batch\": %d, \"clusters\": %d, \"room\": %d, "
@@ -128,20 +127,13 @@ static void run_grid(const char *label, const char *dtype, int batch, int hidden
          room, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
 #ifdef PRNN_GRID_TRACE
-  { /* the phase trace of the last launch (T = 1): run T = 256 once more and print median phase lengths */
-    RecurrenceParams p = dense_params(256, batch, hidden, b.a, b.in, b.h0, b.out);
-    p.hidden_padded = clusters * kGridClusterRows;
-    p.xchg = static_cast<unsigned long long *>(ws);
-    cudaLaunchConfig_t cfg =
-        cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem, 0, &attrs[0]);
-    cfg.attrs = attrs;
-    cfg.numAttrs = 2;
-    CHECK(cudaMemset(ws, 0, (size_t)kGridFlagWords * 4));
-    CHECK(cudaLaunchKernelEx(&cfg, fn, p));
+  { /* the phase trace of steps 64-127 of one more launch (T = 256): median cycles per phase */
+    zero_flags();
+    CHECK(cudaLaunchKernelEx(&cfg, fn, params(256)));
     CHECK(cudaDeviceSynchronize());
     long long tr[64][8];
     CHECK(cudaMemcpyFromSymbol(tr, g_grid_trace, sizeof tr));
-    printf("  trace (median cycles) wait %s\n", "");
+    printf("  trace (median cycles)\n");
     const char *names[8] = {"wait", "compute", "reduce+handover", "epilogue", "fence+flag", "poll", "multicast", "to next step"};
     for (int k = 0; k < 8; ++k) {
       std::vector<long long> d;

@@ -89,6 +89,20 @@ __host__ __device__ constexpr size_t cluster_grid_workspace_bytes(int team_rows)
   return (size_t)kGridFlagWords * 4 + 2 * (size_t)kGridSeqs * team_rows * 4;
 }
 
+/* The launch of G clusters of 8 CTAs, cooperative (all resident at once, or
+ * an error); attrs must outlive the returned config. Shared by the library
+ * and the bench programs. */
+inline cudaLaunchConfig_t cluster_grid_launch_config(int clusters, int smem_bytes, cudaStream_t stream,
+                                                     cudaLaunchAttribute (&attrs)[2]) {
+  cudaLaunchConfig_t cfg =
+      cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem_bytes, stream, &attrs[0]);
+  attrs[1].id = cudaLaunchAttributeCooperative;
+  attrs[1].val.cooperative = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  return cfg;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint4 load_flags_acquire(const unsigned *p) {
   uint4 v;

@@ -417,18 +417,16 @@ prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, Re
 prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, void *workspace,
                              cudaStream_t stream) {
   params.group_seqs = c.group_seqs;
-  cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t cfg = cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
   if (c.team_rows > 0) {
     params.hidden_padded = c.team_rows;
     params.xchg = static_cast<unsigned long long *>(workspace);
     const cudaError_t err = cudaMemsetAsync(workspace, 0, (size_t)kGridFlagWords * 4, stream);
     if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
-    attrs[1].id = cudaLaunchAttributeCooperative;
-    attrs[1].val.cooperative = 1;
-    cfg.attrs = attrs;
-    cfg.numAttrs = 2;
   }
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t cfg = c.team_rows > 0
+                                     ? cluster_grid_launch_config(c.grid / kGridClusterCtas, c.smem_bytes, stream, attrs)
+                                     : cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, c.kernel, params);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster kernel)");
   return PRNN_STATUS_SUCCESS;
