@@ -72,7 +72,7 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
  * It has no ablation bits, so main() runs it in the PRNN_CLUSTER_ABLATE=0 build only. */
 template <typename E, int KC, int WR, int RREG>
 static void run_ffma(const char *label, const char *dtype, int batch, int hidden) {
-  void (*fn)(RecurrenceParams) = cluster_ffma_kernel<E, KC, WR, RREG>;
+  void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<E, KC, WR, RREG>;
   const int rows = 8 * WR, ctas = hidden > rows ? (hidden + rows - 1) / rows : 2;
   const int smem = cluster_ffma_smem_bytes((int)sizeof(E), KC, WR, RREG);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -83,7 +83,8 @@ static void run_ffma(const char *label, const char *dtype, int batch, int hidden
     const RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * batch, ctas, smem, 0, &attr);
-    return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
+    const InputProjection none = {}; /* xp given */
+    return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p, none)); });
   };
   const float short_ms = time_ms(64), long_ms = time_ms(big), one_ms = time_ms(1);
   printf("{\"label\": \"%s %s\", \"hidden\": %d, \"batch\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, "

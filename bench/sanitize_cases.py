@@ -1,5 +1,6 @@
 """Forward and backward of every kernel family for compute-sanitizer (memcheck,
-racecheck, synccheck): small T, shapes up to the on-chip limits.
+racecheck, synccheck): small T, shapes up to the on-chip limits; then whole
+layers (prnn::layer) whose input projection runs in the recurrence's launch.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_cases.py [tier ...]
 
@@ -46,3 +47,24 @@ for T, B, H, dtype, with_lengths in CASES:
     grads = torch.ops.prnn.backward(torch.randn_like(y), y, h0, w, lengths, "tanh")
     torch.cuda.synchronize()
     print(f"T={T} B={B} H={H} {dtype} lengths={with_lengths} tier={tier}: finite={bool(torch.isfinite(y).all())}")
+
+LAYER_CASES = [  # (T, B, I, H, dtype, with lengths): the projection fused, several chunks of steps
+    (40, 2, 1000, 1024, torch.float32, True),
+    (9, 3, 33, 1100, torch.bfloat16, False),
+    (20, 1, 7, 129, torch.float32, False),
+]
+
+for T, B, I, H, dtype, with_lengths in LAYER_CASES:
+    plan = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda", input_size=I)
+    if len(sys.argv) > 1 and plan["tier"] not in sys.argv[1:]:
+        continue
+    x = torch.randn(T, B, I, device="cuda", dtype=dtype)
+    w_ih = (torch.rand(H, I, device="cuda", dtype=dtype) * 2 - 1) * I ** -0.5
+    b_ih, b_hh = torch.randn(H, device="cuda", dtype=dtype), torch.randn(H, device="cuda", dtype=dtype)
+    h0 = torch.randn(B, H, device="cuda", dtype=dtype)
+    w = (torch.rand(H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
+    lengths = torch.randint(0, T + 1, (B,)) if with_lengths else None
+    y = torch.ops.prnn.layer(x, w_ih, b_ih, b_hh, h0, w, lengths, "tanh")
+    torch.cuda.synchronize()
+    print(f"layer T={T} B={B} I={I} H={H} {dtype} lengths={with_lengths} tier={plan['tier']} "
+          f"fused={plan['fused_input_projection']}: finite={bool(torch.isfinite(y).all())}")

@@ -196,6 +196,12 @@ def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_
     return torch.stack(ys)
 
 
+def layer_reference(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
+    """prnn::layer's definition: the input projection, then reference_forward."""
+    xp = x @ w_ih.t() + (b_ih + b_hh if b_ih is not None else 0)
+    return reference_forward(xp, h0, w_hh, lengths, nonlinearity)
+
+
 def make_op_inputs(T, B, H, dtype=torch.float64, device="cpu", requires_grad=False):
     """xp, h0, w_hh with a spectral radius below 1, so relu stays bounded."""
     xp = torch.randn(T, B, H, dtype=dtype, device=device)

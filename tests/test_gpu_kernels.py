@@ -6,7 +6,8 @@ import torch
 
 import conftest
 import torch_prnn  # noqa: F401  (registers the ops)
-from conftest import cluster_tier_available, poison_allocator, reference_forward, rel_err, run_python, run_threads
+from conftest import (cluster_tier_available, layer_reference, poison_allocator, reference_forward, rel_err, run_python,
+                      run_threads)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -224,6 +225,126 @@ def test_cluster_ffma(dtype, H, B, nonlinearity):
     assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster"
     for T, lengths in ((1, False), (2, True), (67, True)):
         check_backward(T, B, H, dtype, nonlinearity, lengths=lengths, seed=H + B)
+
+
+def make_layer(T, B, I, H, dtype, bias=True, lengths=False, seed=0):
+    """prnn::layer's inputs, x and w_ih strided (x: every other sequence at an
+    offset in a wider input; w_ih: a row pitch of I + 3)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, 2 * B, I + 2, device="cuda", generator=g).to(dtype)[:, ::2, 1:I + 1]
+    bound = H ** -0.5
+    w_ih = ((torch.rand(H, I + 3, device="cuda", generator=g) * 2 - 1) * bound).to(dtype)[:, 2:I + 2]
+    b = [((torch.rand(H, device="cuda", generator=g) * 2 - 1) * bound).to(dtype) if bias else None
+         for _ in range(2)]
+    _, h0, w_hh, lens = make_problem(T, B, H, dtype, lengths=lengths, seed=seed + 1)
+    return x, w_ih, b[0], b[1], h0, w_hh, lens
+
+
+def check_layer(T, B, I, H, dtype, nonlinearity="tanh", bias=True, lengths=False, seed=0):
+    args = make_layer(T, B, I, H, dtype, bias, lengths, seed)
+    poison_allocator("cuda", dtype, (T, B, H))
+    y = torch.ops.prnn.layer(*args, nonlinearity)
+    ref = layer_reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args],
+                          nonlinearity)
+    err = rel_err(y, ref)
+    assert err < TOL[dtype], f"layer T={T} B={B} I={I} H={H} {dtype} {nonlinearity}: rel err {err:.3g}"
+    return args, y
+
+
+def test_fused_layer_choice():
+    """Where prnn::layer computes its input projection inside the recurrence's
+    launch: the FFMA cluster kernel's forward, with clusters to spare beside
+    the batch's that keep ahead of it (H200: 7 clusters of 16 CTAs at H =
+    1024, so B <= 2 at I = H; from B = 4 on too few are left, at B = 7 none)."""
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
+
+    def fused(H, B, I, dtype=torch.float32, **kw):
+        return torch_prnn.plan(H, batch=B, steps=256, dtype=dtype, device="cuda", input_size=I, **kw)[
+            "fused_input_projection"]
+
+    for B in (1, 2):
+        assert fused(1024, B, 1024) and fused(1152, B, 1152), B
+    assert fused(1100, 2, 1100, torch.bfloat16) and fused(1025, 3, 129, torch.float16)
+    assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
+    for B in (4, 6, 7, 17):
+        assert not fused(1024, B, 1024), B
+    assert not fused(1024, 4, 20000)  # the projection's work would outrun the producers
+    assert not fused(1024, 4, 1024, torch.bfloat16)  # the tensor-core kernel
+    assert not fused(64, 4, 64, torch.float64) and not fused(2048, 4, 2048)
+    assert not fused(1024, 4, 1024, backward=True) and not fused(1024, 4, 0)
+    p = torch_prnn.plan(1024, batch=2, steps=256, device="cuda", input_size=1024)
+    assert p["tier"] == "persistent_cluster" and p["workspace_bytes"] >= 256 * 2 * 1024 * 4, p
+
+
+FUSED_CASES = [  # (dtype, H, I, B): the FFMA kernel's shapes, odd input sizes, the largest batches fused
+    (torch.float32, 1024, 1024, 2), (torch.float32, 1024, 1000, 1), (torch.float32, 1000, 7, 3),
+    (torch.float32, 129, 1000, 2), (torch.float32, 1152, 33, 4), (torch.float32, 1, 1, 1), (torch.float32, 7, 1, 3),
+    (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.bfloat16, 1100, 1100, 2),
+    (torch.float16, 1025, 129, 3)]
+
+
+@pytest.mark.parametrize("dtype,H,I,B", FUSED_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_fused_layer(dtype, H, I, B, bias, nonlinearity):
+    """prnn::layer with its input projection in the recurrence's launch, on
+    strided x and w_ih, with and without biases and lengths, against float64;
+    T = 255 is many chunks of steps (32 columns of (step, sequence) each)."""
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
+    assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", input_size=I)["fused_input_projection"]
+    for T, lengths in ((1, False), (2, True), (67, False), (255, True)):
+        check_layer(T, B, I, H, dtype, nonlinearity, bias, lengths, seed=H + I + B)
+
+
+@pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
+def test_fused_layer_graph_streams_and_busy_gpu():
+    """The fused layer captured in a CUDA graph and replayed on new x; two at
+    once on their own streams; one launched while another stream keeps the
+    SMs busy (its producers and steppers must all be resident: a wait, not a
+    deadlock)."""
+    if not cluster_tier_available():
+        pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
+    T, B, I, H = 64, 2, 1024, 1024
+    x, w_ih, b_ih, b_hh, h0, w_hh, _ = make_layer(T, B, I, H, torch.float32, seed=60)
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.prnn.layer(static_x, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = torch.ops.prnn.layer(static_x, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
+    for seed in range(3):
+        fresh = make_layer(T, B, I, H, torch.float32, seed=61 + seed)[0]
+        static_x.copy_(fresh)
+        graph.replay()
+        expected = torch.ops.prnn.layer(fresh, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
+        torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
+
+    problems = [make_layer(200, B, I, H, torch.float32, seed=70 + i) for i in range(2)]
+    streams = [torch.cuda.Stream() for _ in problems]
+    torch.cuda.synchronize()
+    outs = []
+    for args, st in zip(problems, streams):
+        with torch.cuda.stream(st):
+            outs.append(torch.ops.prnn.layer(*args, "tanh"))
+    torch.cuda.synchronize()
+    for args, y in zip(problems, outs):
+        assert rel_err(y, layer_reference(*[a.double() if torch.is_tensor(a) else a for a in args], "tanh")) < 1e-5
+
+    busy = torch.randn(4096, 4096, device="cuda")
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        for _ in range(20):
+            busy = busy @ busy
+            busy = busy / busy.norm()
+    args = problems[0]
+    y = torch.ops.prnn.layer(*args, "tanh")
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, outs[0], rtol=0, atol=0)
 
 
 GRID_TIER_WITHOUT_CLUSTERS = """

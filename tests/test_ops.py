@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_prnn
-from conftest import assert_close, devices, make_op_inputs, needs_cuda, reference_forward
+from conftest import assert_close, devices, layer_reference, make_op_inputs, needs_cuda, reference_forward
 
 forward, backward, layer = torch.ops.prnn.forward, torch.ops.prnn.backward, torch.ops.prnn.layer
 
@@ -334,11 +334,6 @@ def make_layer_inputs(T, B, I, H, dtype=torch.float64, device="cpu", bias=True, 
     return [x, w_ih, b_ih, b_hh, uniform(B, H, scale=0.5), uniform(H, H, scale=max(H, 1) ** -0.5)]
 
 
-def layer_reference(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
-    xp = x @ w_ih.t() + (b_ih + b_hh if b_ih is not None else 0)
-    return reference_forward(xp, h0, w_hh, lengths, nonlinearity)
-
-
 @pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bias", [True, False])
@@ -441,7 +436,10 @@ def test_plan_cpu():
         "block": 1,
         "rows_per_cta": 33,
         "smem_bytes": 0,
+        "fused_input_projection": False,
     }
+    # The CPU never fuses a layer's input projection into the recurrence.
+    assert torch_prnn.plan(33, batch=4, steps=10, input_size=20) == plan
     # float16 / bfloat16 run in float32 on the CPU; float64 in float64.
     assert torch_prnn.plan(33, batch=4, dtype=torch.bfloat16, backward=True, lengths=True) == plan
     assert torch_prnn.plan(33, batch=4, dtype=torch.float64)["workspace_bytes"] == 2 * 4 * 33 * 8

@@ -123,13 +123,18 @@ def plan(
     nonlinearity: str = "tanh",
     backward: bool = False,
     lengths: bool = False,
+    input_size: int = 0,
 ) -> dict:
     """How one layer of this size runs: which tier (``"none"`` when no tier of
     this build runs it), the workspace it needs, and its launch shape
     (grid, block, rows_per_cta, smem_bytes; 1, 1, hidden, 0 on the CPU).
-    ``backward=True`` asks about the backward-data pass."""
-    tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes = torch.ops.prnn.plan(
-        steps, batch, hidden_size, dtype, torch.device(device), nonlinearity, backward, lengths
+    ``backward=True`` asks about the backward-data pass. With ``input_size``,
+    the forward of a whole layer (``torch.ops.prnn.layer``):
+    ``fused_input_projection`` says whether its input projection runs inside
+    the recurrence's launch (on CTAs the recurrence leaves idle) rather than
+    as a GEMM before it."""
+    tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes, fused = torch.ops.prnn.plan(
+        steps, batch, hidden_size, dtype, torch.device(device), nonlinearity, backward, lengths, input_size
     )
     return {
         "tier": _TIERS[tier],
@@ -138,4 +143,5 @@ def plan(
         "block": block,
         "rows_per_cta": rows_per_cta,
         "smem_bytes": smem_bytes,
+        "fused_input_projection": bool(fused),
     }

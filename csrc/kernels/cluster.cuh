@@ -110,6 +110,18 @@ inline cudaLaunchConfig_t cluster_launch_config(int grid, int ctas, int smem_byt
   return cfg;
 }
 
+/* The same, cooperative: every CTA resident at once (or a launch error), for
+ * kernels whose clusters wait for each other. */
+inline cudaLaunchConfig_t cooperative_cluster_launch_config(int grid, int ctas, int smem_bytes, cudaStream_t stream,
+                                                            cudaLaunchAttribute (&attrs)[2]) {
+  cudaLaunchConfig_t cfg = cluster_launch_config(grid, ctas, smem_bytes, stream, &attrs[0]);
+  attrs[1].id = cudaLaunchAttributeCooperative;
+  attrs[1].val.cooperative = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  return cfg;
+}
+
 template <typename E> struct MmaOp;
 template <> struct MmaOp<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

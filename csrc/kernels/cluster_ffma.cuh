@@ -29,6 +29,7 @@
 #define PRNN_CLUSTER_FFMA_CUH
 
 #include "cluster.cuh"
+#include "projection.cuh"
 
 namespace prnn {
 
@@ -191,7 +192,8 @@ __device__ __forceinline__ void store_peer4_async(uint32_t remote, uint32_t v, u
 }
 
 template <typename E, int KC, int WR, int RREG>
-__global__ void __launch_bounds__(kClusterThreads, 1) cluster_ffma_kernel(const RecurrenceParams p) {
+__global__ void __launch_bounds__(kClusterThreads, 1)
+    cluster_ffma_kernel(const RecurrenceParams p, const InputProjection q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef typename Quad<E>::type Q;
   constexpr int RSH = WR - RREG, KEXT = 128 * KC, R = kClusterWarps * WR;
@@ -201,13 +203,20 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_ffma_kernel(const 
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * R;
-  const int seq = (int)cluster_index(); /* one sequence per cluster */
   if (ctas * R > KEXT) __trap(); /* the launcher's contract: the cluster's rows fit the K extent */
+  extern __shared__ __align__(16) unsigned char smem[];
+  /* The first proj.clusters clusters compute xp (projection.cuh); the rest, one sequence each, step. */
+  const int producers = q.clusters;
+  if ((int)cluster_index() < producers) {
+    project_inputs<E>(p, q, reinterpret_cast<float *>(smem + 16), (int)(cluster_index() * ctas + rank),
+                      producers * (int)ctas);
+    return;
+  }
+  const int seq = (int)cluster_index() - producers;
   E *out;
   const E *in, *yfwd, *h0;
   typed_tensors(p, out, in, yfwd, h0);
 
-  extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
   Q *a_smem = reinterpret_cast<Q *>(smem + 16);
   float *state = reinterpret_cast<float *>(a_smem + RSH * KC * kClusterWarps * 32);
@@ -241,14 +250,20 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_ffma_kernel(const 
   const int o_row = row0 + o_local;
   const bool o_valid = o_local >= 0 && o_row < H;
   const int o_len = o_valid ? sequence_length(p.lengths, seq, T) : 0;
+  /* ld.global.cg: with the projection in this launch, xp is written while
+   * the kernel runs (projection.cuh), and each element is read once anyway. */
   auto load_in = [&](int s_at) {
     const int t = p.backward ? T - 1 - s_at : s_at;
-    return o_valid ? to_accum(in[t * p.in_stride_t + seq * p.in_stride_b + o_row]) : 0.f;
+    return o_valid ? to_accum(__ldcg(in + t * p.in_stride_t + seq * p.in_stride_b + o_row)) : 0.f;
   };
   auto load_y = [&](int s_at) {
     const int t = p.backward ? T - 1 - s_at : s_at;
     return (o_valid && p.backward) ? to_accum(yfwd[((size_t)t * B + seq) * H + o_row]) : 0.f;
   };
+  /* xp of a step is read once its chunk's flag is full: here steps 0-2, in the loop step s + 3. */
+  const int chunk_steps = projection_chunk_steps(B);
+  if (producers > 0)
+    for (int c = 0; c <= (T < 3 ? T - 1 : 2) / chunk_steps; ++c) wait_projection(q, H, c);
   float o_in = load_in(0), o_y = load_y(0);
   float next_in = T > 1 ? load_in(1) : 0.f, next_y = T > 1 ? load_y(1) : 0.f;
   float after_in = T > 2 ? load_in(2) : 0.f, after_y = T > 2 ? load_y(2) : 0.f;
@@ -344,6 +359,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_ffma_kernel(const 
       next_in = after_in;
       next_y = after_y;
       if (s + 3 < T) {
+        if (producers > 0 && (s + 3) % chunk_steps == 0) wait_projection(q, H, (s + 3) / chunk_steps);
         after_in = load_in(s + 3);
         after_y = load_y(s + 3);
       }
@@ -364,7 +380,8 @@ struct ClusterFfmaConfig {
   int k_chunks;  /* KC: K extent 128 KC */
   int warp_rows; /* WR: rows per warp, 8 WR per CTA */
   int reg_rows;  /* RREG of them in registers */
-  PersistentKernel kernel;
+  const void *kernel; /* cluster_ffma_kernel (RecurrenceParams, InputProjection) or
+                         cluster_grid_kernel (RecurrenceParams) */
 };
 const int cluster_ffma_config_count = 6; /* cluster_ffma.cu checks the table's length against it */
 extern const ClusterFfmaConfig cluster_ffma_configs[];

@@ -94,13 +94,7 @@ __host__ __device__ constexpr size_t cluster_grid_workspace_bytes(int team_rows)
  * and the bench programs. */
 inline cudaLaunchConfig_t cluster_grid_launch_config(int clusters, int smem_bytes, cudaStream_t stream,
                                                      cudaLaunchAttribute (&attrs)[2]) {
-  cudaLaunchConfig_t cfg =
-      cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem_bytes, stream, &attrs[0]);
-  attrs[1].id = cudaLaunchAttributeCooperative;
-  attrs[1].val.cooperative = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cfg;
+  return cooperative_cluster_launch_config(clusters * kGridClusterCtas, kGridClusterCtas, smem_bytes, stream, attrs);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

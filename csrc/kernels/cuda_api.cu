@@ -184,13 +184,15 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 
 /* The cluster kernel's launch for a problem. */
 struct ClusterLaunch {
-  PersistentKernel kernel; /* NULL: the problem does not take a cluster tier */
+  const void *kernel;      /* NULL: the problem does not take a cluster tier */
+  int ffma;                /* the FFMA kernel, whose second parameter is an InputProjection */
   int ctas;                /* cluster size: one CTA per rows_per_cta rows, at least two (8 on the cluster grid) */
   int rows_per_cta;        /* 64, 8 WR on the FFMA kernel, 20 on the cluster grid */
   int group_seqs;          /* sequences per cluster, 1..8 (1 on the FFMA kernel; unused on the cluster grid) */
   int grid;                /* ctas x groups, or 8 G on the cluster grid */
   int smem_bytes;
   int team_rows;           /* cluster grid only (else 0): the 160 G rows its G clusters cover */
+  int producers;           /* the fused layer only (else 0): clusters computing xp, ahead of the batch's */
 };
 
 /* How many clusters of `ctas` CTAs of a kernel the device holds at once, per
@@ -199,15 +201,17 @@ struct ClusterLaunch {
  * then the FFMA ones, then the cluster-grid ones, in their tables' order. */
 const int kClusterKernels = 2 * cluster_config_count + cluster_ffma_config_count + cluster_grid_config_count;
 int g_cluster_room[kMaxDevices][kClusterKernels][kClusterMaxCtas + 1];
+/* The same for a fused layer's launch, whose shared memory (the projection's
+ * staging, projection.cuh) can hold fewer CTAs on an SM. */
+int g_fused_room[kMaxDevices][kClusterKernels][kClusterMaxCtas + 1];
 
 /* The room of a cluster kernel launched with smem_bytes, cached in *known. Its
  * shared-memory limit is set to the device's whole opt-in limit, so that a
  * later, smaller problem never lowers it. */
-prnn_status_t cluster_room(int *known, PersistentKernel kernel, int ctas, int smem_bytes, const DeviceInfo &dev,
+prnn_status_t cluster_room(int *known, const void *fn, int ctas, int smem_bytes, const DeviceInfo &dev,
                            int *room) {
   *room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
   if (*room != 0) return PRNN_STATUS_SUCCESS;
-  const void *fn = (const void *)kernel;
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
   if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(cluster kernel)");
@@ -231,11 +235,12 @@ int cluster_ctas(int64_t hidden, int rows) {
 
 /* A cluster kernel that can take a problem: its shape and where its room is cached. */
 struct ClusterCandidate {
-  PersistentKernel kernel; /* NULL: none */
+  const void *kernel;      /* NULL: none */
   int rows;                /* rows of A per CTA */
   int smem_bytes;
   int max_group;           /* sequences a cluster can carry: 8 (tensor cores) or 1 (FFMA) */
   int room_slot;           /* index into g_cluster_room's kernels */
+  int k_extent;            /* columns of A a CTA covers */
 };
 
 /* The cluster kernel for a problem: the 16-bit dtypes up to H = 1024 on the
@@ -250,8 +255,8 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
     for (int i = 0; i < cluster_config_count; ++i)
       if (128 * (int64_t)table[i].k_tiles >= pb->hidden) {
-        c = {table[i].kernel, kClusterRows, cluster_smem_bytes(128 * table[i].k_tiles), kClusterSeqs,
-             is_half * cluster_config_count + i};
+        c = {(const void *)table[i].kernel, kClusterRows, cluster_smem_bytes(128 * table[i].k_tiles), kClusterSeqs,
+             is_half * cluster_config_count + i, 128 * table[i].k_tiles};
         return c;
       }
   }
@@ -260,7 +265,7 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     if (f.dtype == pb->dtype && 128 * (int64_t)f.k_chunks >= pb->hidden) {
       c = {f.kernel, kClusterWarps * f.warp_rows,
            cluster_ffma_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.warp_rows, f.reg_rows), 1,
-           2 * cluster_config_count + i};
+           2 * cluster_config_count + i, 128 * f.k_chunks};
       return c;
     }
   }
@@ -312,14 +317,29 @@ prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const De
   return PRNN_STATUS_SUCCESS;
 }
 
+/* Whether `producer_ctas` CTAs computing the input projection keep ahead of
+ * the recurrence: a producer does its share of a step's projection (batch x
+ * input x hidden FMAs) at about the rate a stepping CTA does its rows x K
+ * extent (measured, bench/NOTES.md step 30: float32 H = 1024 at B = 4, 0.68
+ * of a stepper's work each, left the steppers waiting), so each may take
+ * at most 0.7 of a stepper's, which leaves room for the first chunk. */
+bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_ctas, const ClusterCandidate &cand) {
+  const int64_t tile = kProjTile;
+  const int64_t work = pb->batch * ((input + tile - 1) / tile * tile) * ((pb->hidden + tile - 1) / tile * tile);
+  return (int64_t)producer_ctas * 7 * cand.rows * cand.k_extent >= 10 * work;
+}
+
 /* The cluster tier, on a device with cluster launches. A step costs less the
  * fewer sequences a cluster carries (the tensor-core kernel's exchange carries
  * only those: bench/NOTES.md), so the batch is spread over as many clusters as
  * the device holds at once, up to one sequence each; past that, groups of up
  * to the kernel's maximum (8, or 1 on the FFMA kernel) and clusters in turn:
  * they are independent, so that is safe, and in float32 it beat the grid tier
- * at every batch measured (bench/NOTES.md step 26). */
-prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceInfo &dev, ClusterLaunch *c) {
+ * at every batch measured (bench/NOTES.md step 26). With input > 0 (the
+ * fused layer), only the FFMA kernel with the clusters the batch leaves free
+ * computing xp, where they keep ahead; none otherwise. */
+prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device, const DeviceInfo &dev,
+                             ClusterLaunch *c) {
   memset(c, 0, sizeof *c);
   if (!dev.cluster) return PRNN_STATUS_SUCCESS;
   const ClusterCandidate cand = cluster_candidate(pb);
@@ -330,11 +350,30 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
   const prnn_status_t st =
       cluster_room(&g_cluster_room[device][cand.room_slot][ctas], cand.kernel, ctas, cand.smem_bytes, dev, &room);
   if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
+  if (input > 0) {
+    const int smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
+    if (cand.max_group != 1 || smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+    const prnn_status_t fst =
+        cluster_room(&g_fused_room[device][cand.room_slot][ctas], cand.kernel, ctas, smem, dev, &room);
+    if (fst != PRNN_STATUS_SUCCESS || pb->batch >= room) return fst;
+    const int producers = room - (int)pb->batch;
+    if (!projection_keeps_up(pb, input, producers * ctas, cand)) return PRNN_STATUS_SUCCESS;
+    c->kernel = cand.kernel;
+    c->ffma = 1;
+    c->ctas = ctas;
+    c->rows_per_cta = cand.rows;
+    c->group_seqs = 1;
+    c->grid = ctas * (int)(pb->batch + producers);
+    c->smem_bytes = smem;
+    c->producers = producers;
+    return PRNN_STATUS_SUCCESS;
+  }
   const int64_t spread = (pb->batch + room - 1) / room; /* sequences per cluster if all run at once */
   const int group = (int)(spread < 1 ? 1 : (spread > cand.max_group ? cand.max_group : spread));
   const int64_t groups = (pb->batch + group - 1) / group;
   if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
   c->kernel = cand.kernel;
+  c->ffma = cand.max_group == 1;
   c->ctas = ctas;
   c->rows_per_cta = cand.rows;
   c->group_seqs = group;
@@ -343,7 +382,10 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int device, const DeviceI
   return PRNN_STATUS_SUCCESS;
 }
 
-prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, ClusterLaunch *cluster,
+/* How a problem runs on `device`: the recurrence alone (input = 0), or the
+ * whole layer with its input projection fused (input > 0; not supported
+ * where no kernel fuses it). */
+prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, prnn_plan_t *out, ClusterLaunch *cluster,
                    const PersistentConfig **config, Geometry *geom) {
   memset(out, 0, sizeof *out);
   memset(cluster, 0, sizeof *cluster);
@@ -358,8 +400,23 @@ prnn_status_t plan(const prnn_problem_t *pb, int device, prnn_plan_t *out, Clust
   DeviceInfo dev;
   st = device_info(device, &dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  st = choose_cluster(pb, device, dev, cluster);
-  if (st == PRNN_STATUS_SUCCESS && cluster->kernel == NULL) st = choose_cluster_grid(pb, device, dev, cluster);
+  st = choose_cluster(pb, input, device, dev, cluster);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (input > 0) {
+    if (cluster->kernel == NULL)
+      return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
+                       "no kernel fuses the input projection of this layer on this device (dtype %d, batch %lld, "
+                       "hidden %lld, input %lld)",
+                       (int)pb->dtype, (long long)pb->batch, (long long)pb->hidden, (long long)input);
+    out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
+    out->workspace_bytes = projection_workspace_bytes(pb->steps, pb->batch, pb->hidden, prnn_dtype_size(pb->dtype));
+    out->grid = cluster->grid;
+    out->block = kClusterThreads;
+    out->rows_per_cta = cluster->rows_per_cta;
+    out->smem_bytes = cluster->smem_bytes;
+    return PRNN_STATUS_SUCCESS;
+  }
+  if (cluster->kernel == NULL) st = choose_cluster_grid(pb, device, dev, cluster);
   if (st != PRNN_STATUS_SUCCESS) return st;
   if (cluster->kernel != NULL) {
     out->tier = cluster->team_rows > 0 ? PRNN_TIER_PERSISTENT_CLUSTER_GRID : PRNN_TIER_PERSISTENT_CLUSTER;
@@ -412,29 +469,44 @@ prnn_status_t launch_persistent(const PersistentConfig &c, const Geometry &g, Re
 
 /* One launch of a cluster kernel. A cluster is co-scheduled, and those of
  * the cluster tier are independent; the cluster grid's wait for each other,
- * so its launch is cooperative too (all resident at once, or an error), after
- * its flags are zeroed. */
-prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, void *workspace,
-                             cudaStream_t stream) {
+ * and so do a fused layer's steppers for its producers, so those launches
+ * are cooperative too (all resident at once, or an error), after their flags
+ * are zeroed. */
+prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, InputProjection proj,
+                             void *workspace, cudaStream_t stream) {
   params.group_seqs = c.group_seqs;
+  size_t flag_bytes = 0;
   if (c.team_rows > 0) {
     params.hidden_padded = c.team_rows;
     params.xchg = static_cast<unsigned long long *>(workspace);
-    const cudaError_t err = cudaMemsetAsync(workspace, 0, (size_t)kGridFlagWords * 4, stream);
+    flag_bytes = (size_t)kGridFlagWords * 4;
+  }
+  if (c.producers > 0) { /* xp goes to the workspace, after the chunk flags */
+    flag_bytes = projection_flag_bytes(params.steps, params.batch);
+    proj.clusters = c.producers;
+    proj.flags = static_cast<unsigned *>(workspace);
+    params.in = static_cast<unsigned char *>(workspace) + flag_bytes;
+    params.in_stride_b = params.hidden;
+    params.in_stride_t = (int64_t)params.batch * params.hidden;
+  }
+  if (flag_bytes > 0) {
+    const cudaError_t err = cudaMemsetAsync(workspace, 0, flag_bytes, stream);
     if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   }
   cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t cfg = c.team_rows > 0
-                                     ? cluster_grid_launch_config(c.grid / kGridClusterCtas, c.smem_bytes, stream, attrs)
-                                     : cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, c.kernel, params);
+  const cudaLaunchConfig_t cfg =
+      c.team_rows > 0   ? cluster_grid_launch_config(c.grid / kGridClusterCtas, c.smem_bytes, stream, attrs)
+      : c.producers > 0 ? cooperative_cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, attrs)
+                        : cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
+  void *args[] = {&params, &proj};
+  const cudaError_t err = cudaLaunchKernelExC(&cfg, c.kernel, args); /* proj only for the FFMA kernel */
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster kernel)");
   return PRNN_STATUS_SUCCESS;
 }
 
 /* Shared by both passes: plan, check the workspace, launch the chosen tier. */
-prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void *workspace,
-                  size_t workspace_bytes, cudaStream_t stream) {
+prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, const InputProjection &proj,
+                  void *workspace, size_t workspace_bytes, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
@@ -442,7 +514,7 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void
   ClusterLaunch cluster;
   const PersistentConfig *config;
   Geometry geom;
-  prnn_status_t st = plan(pb, device, &pl, &cluster, &config, &geom);
+  prnn_status_t st = plan(pb, proj.input, device, &pl, &cluster, &config, &geom);
   if (st != PRNN_STATUS_SUCCESS) return st;
   if (workspace_bytes < pl.workspace_bytes || (workspace == NULL && pl.workspace_bytes > 0))
     return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
@@ -451,7 +523,7 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, void
   if (pl.workspace_bytes > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
                      PRNN_WORKSPACE_ALIGNMENT, workspace);
-  if (cluster.kernel != NULL) return launch_cluster(cluster, params, workspace, stream);
+  if (cluster.kernel != NULL) return launch_cluster(cluster, params, proj, workspace, stream);
   if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
   err = launch_stepwise(pb->dtype, params, workspace, stream);
   if (err != cudaSuccess) return cuda_fail(err, "stepwise_rnn_kernel launch");
@@ -476,16 +548,8 @@ RecurrenceParams params_of(const prnn_problem_t *pb, int backward, const void *w
   return p;
 }
 
-}  // namespace
-
-extern "C" {
-
-prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, int device, prnn_plan_t *out) {
-  prnn_clear_error();
-  if (problem == NULL || out == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "problem and plan must not be NULL");
-  if (pass != PRNN_PASS_FORWARD && pass != PRNN_PASS_BACKWARD_DATA)
-    return prnn_fail(PRNN_STATUS_BAD_PARAM, "pass must be PRNN_PASS_FORWARD or PRNN_PASS_BACKWARD_DATA, got %d",
-                     (int)pass);
+/* Both plan queries: plan on `device`. */
+prnn_status_t plan_on(const prnn_problem_t *problem, int64_t input, int device, prnn_plan_t *out) {
   /* Planning sets kernel attributes, which apply to the current device: make
    * `device` current for it, and restore the caller's. */
   int current = 0;
@@ -498,11 +562,31 @@ prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, in
   ClusterLaunch cluster;
   const PersistentConfig *config;
   Geometry geom;
-  prnn_status_t st = plan(problem, device, out, &cluster, &config, &geom);
+  prnn_status_t st = plan(problem, input, device, out, &cluster, &config, &geom);
   if (st == PRNN_STATUS_NOT_SUPPORTED) out->tier = PRNN_TIER_NONE;
   if (device != current && (err = cudaSetDevice(current)) != cudaSuccess && st == PRNN_STATUS_SUCCESS)
     st = cuda_fail(err, "cudaSetDevice");
   return st;
+}
+
+}  // namespace
+
+extern "C" {
+
+prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, int device, prnn_plan_t *out) {
+  prnn_clear_error();
+  if (problem == NULL || out == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "problem and plan must not be NULL");
+  if (pass != PRNN_PASS_FORWARD && pass != PRNN_PASS_BACKWARD_DATA)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "pass must be PRNN_PASS_FORWARD or PRNN_PASS_BACKWARD_DATA, got %d",
+                     (int)pass);
+  return plan_on(problem, 0, device, out);
+}
+
+prnn_status_t prnn_plan_layer_cuda(const prnn_problem_t *problem, int64_t input, int device, prnn_plan_t *out) {
+  prnn_clear_error();
+  if (problem == NULL || out == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "problem and plan must not be NULL");
+  if (input < 1) return prnn_fail(PRNN_STATUS_BAD_PARAM, "input must be >= 1, got %lld", (long long)input);
+  return plan_on(problem, input, device, out);
 }
 
 prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem, const prnn_forward_args_t *args,
@@ -516,7 +600,29 @@ prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem, const prnn_forwar
   p.in_stride_b = args->xp_stride_b;
   p.h0 = args->h0;
   p.h0_stride_b = args->h0_stride_b;
-  return run(problem, p, workspace, workspace_bytes, (cudaStream_t)stream);
+  return run(problem, p, InputProjection{}, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem, const prnn_layer_args_t *args,
+                                      void *workspace, size_t workspace_bytes, prnn_stream_t stream) {
+  prnn_clear_error();
+  const prnn_status_t st = prnn_check_layer_args(problem, args);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (args->input > 0x7fffffff)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "input must be < 2^31, got %lld", (long long)args->input);
+  RecurrenceParams p = params_of(problem, 0, args->w_hh, args->w_hh_stride, args->lengths, args->y);
+  p.h0 = args->h0;
+  p.h0_stride_b = args->h0_stride_b;
+  InputProjection proj = {};
+  proj.input = (int)args->input;
+  proj.x = args->x;
+  proj.x_stride_t = args->x_stride_t;
+  proj.x_stride_b = args->x_stride_b;
+  proj.w = args->w_ih;
+  proj.w_stride = args->w_ih_stride;
+  proj.b_ih = args->b_ih;
+  proj.b_hh = args->b_hh;
+  return run(problem, p, proj, workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem, const prnn_backward_args_t *args,
@@ -529,7 +635,7 @@ prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem, const prnn_
   p.in_stride_t = args->grad_y_stride_t;
   p.in_stride_b = args->grad_y_stride_b;
   p.y = args->y;
-  return run(problem, p, workspace, workspace_bytes, (cudaStream_t)stream);
+  return run(problem, p, InputProjection{}, workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 }  // extern "C"

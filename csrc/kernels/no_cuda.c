@@ -11,16 +11,38 @@ static prnn_status_t not_compiled(void) {
   return prnn_fail(PRNN_STATUS_NOT_COMPILED, "torch_prnn was built without CUDA");
 }
 
-prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, int device,
-                             prnn_plan_t *plan) {
-  (void)problem;
-  (void)pass;
-  (void)device;
+static prnn_status_t no_plan(prnn_plan_t *plan) {
   if (plan != NULL) {
     plan->tier = PRNN_TIER_NONE;
     plan->workspace_bytes = 0;
     plan->grid = plan->block = plan->rows_per_cta = plan->smem_bytes = 0;
   }
+  return not_compiled();
+}
+
+prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, int device,
+                             prnn_plan_t *plan) {
+  (void)problem;
+  (void)pass;
+  (void)device;
+  return no_plan(plan);
+}
+
+prnn_status_t prnn_plan_layer_cuda(const prnn_problem_t *problem, int64_t input, int device,
+                                   prnn_plan_t *plan) {
+  (void)problem;
+  (void)input;
+  (void)device;
+  return no_plan(plan);
+}
+
+prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem, const prnn_layer_args_t *args,
+                                      void *workspace, size_t workspace_bytes, prnn_stream_t stream) {
+  (void)problem;
+  (void)args;
+  (void)workspace;
+  (void)workspace_bytes;
+  (void)stream;
   return not_compiled();
 }
 

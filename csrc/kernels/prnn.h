@@ -146,6 +146,25 @@ typedef struct prnn_backward_args {
                                 delta_t (zero at and past a sequence's length) */
 } prnn_backward_args_t;
 
+/* Tensors of a whole layer's forward pass (prnn_layer_forward_cuda): the
+ * input projection xp = W_ih x_t + b_ih + b_hh and the recurrence. */
+typedef struct prnn_layer_args {
+  const void *x;             /* steps x batch x input */
+  int64_t x_stride_t;
+  int64_t x_stride_b;
+  int64_t input;             /* input >= 1 */
+  const void *w_ih;          /* hidden x input: W_ih[i][k] at w_ih[i * w_ih_stride + k] */
+  int64_t w_ih_stride;
+  const void *b_ih;          /* hidden, contiguous; b_ih and b_hh both NULL for no bias */
+  const void *b_hh;
+  const void *h0;            /* batch x hidden, as in prnn_forward_args_t */
+  int64_t h0_stride_b;
+  const void *w_hh;
+  int64_t w_hh_stride;
+  const int32_t *lengths;
+  void *y;
+} prnn_layer_args_t;
+
 /* What the plan query says about a problem. */
 typedef struct prnn_plan {
   prnn_tier_t tier;
@@ -181,6 +200,20 @@ prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem,
                                 prnn_stream_t stream);
 prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem,
                                       const prnn_backward_args_t *args,
+                                      void *workspace, size_t workspace_bytes,
+                                      prnn_stream_t stream);
+
+/* A whole layer's forward in one CUDA launch, where a kernel can fuse the
+ * input projection: CTAs the recurrence leaves idle compute xp chunk by chunk
+ * of steps while the others step through the chunks done (the cluster tier's
+ * FFMA kernel, when the device holds enough clusters beside the batch's for
+ * the projection to keep ahead). Elsewhere both return
+ * PRNN_STATUS_NOT_SUPPORTED (the plan's tier NONE): the caller then computes
+ * xp itself (one GEMM) and calls prnn_forward_cuda. */
+prnn_status_t prnn_plan_layer_cuda(const prnn_problem_t *problem, int64_t input, int device,
+                                   prnn_plan_t *plan);
+prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem,
+                                      const prnn_layer_args_t *args,
                                       void *workspace, size_t workspace_bytes,
                                       prnn_stream_t stream);
 

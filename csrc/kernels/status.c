@@ -159,3 +159,23 @@ prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
   PRNN_TRY(check_pointer("grad_xp", args->grad_xp));
   return PRNN_STATUS_SUCCESS;
 }
+
+prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem, const prnn_layer_args_t *args) {
+  PRNN_TRY(prnn_check_problem(problem));
+  PRNN_TRY(check_pointer("args", args));
+  PRNN_TRY(check_pointer("x", args->x));
+  PRNN_TRY(check_stride("x_stride_t", args->x_stride_t));
+  PRNN_TRY(check_stride("x_stride_b", args->x_stride_b));
+  PRNN_TRY(check_size("input", args->input));
+  PRNN_TRY(check_pointer("w_ih", args->w_ih));
+  PRNN_TRY(check_stride("w_ih_stride", args->w_ih_stride));
+  if ((args->b_ih == NULL) != (args->b_hh == NULL))
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "b_ih and b_hh must both be NULL or both be given");
+  PRNN_TRY(check_pointer("h0", args->h0));
+  PRNN_TRY(check_stride("h0_stride_b", args->h0_stride_b));
+  PRNN_TRY(check_pointer("w_hh", args->w_hh));
+  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
+  PRNN_TRY(check_lengths(problem, args->lengths));
+  PRNN_TRY(check_pointer("y", args->y));
+  return PRNN_STATUS_SUCCESS;
+}

@@ -59,7 +59,7 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
     at::Tensor y;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      y = layer_forward(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+      y = call_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
     }
     // What nn.RNN's autograd keeps: the input (for w_ih's gradient) and the
     // states, not xp. x itself, not its rows: a view made below autograd has
@@ -131,7 +131,7 @@ at::Tensor layer_autograd(const at::Tensor& x, const at::Tensor& w_ih,
   refuse_forward_ad("prnn::layer", {&x, &w_ih, bi, bh, &h0, &w_hh});
   if (!records_graph({&x, &w_ih, bi, bh, &h0, &w_hh})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return layer_forward(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+    return call_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   }
   return LayerFunction::apply(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
 }

@@ -8,6 +8,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -65,11 +66,13 @@ void check_like(const char* op, const char* name, const at::Tensor& t, const cha
 
 // Checks h0, w_hh and the nonlinearity against `x` [steps, batch, hidden]
 // (xp in the forward, y in the backward), which sets the sizes, dtype, device.
+// sizes: [steps, batch, hidden], x's own unless given (prnn::layer's x is [steps, batch, input]).
 prnn_problem_t check_problem(const char* op, const char* x_name, const at::Tensor& x,
                              const at::Tensor& h0, const at::Tensor& w_hh,
                              const std::optional<at::Tensor>& lengths,
-                             c10::string_view nonlinearity) {
-  check_rank(op, x_name, x, 3, "[steps, batch, hidden]");
+                             c10::string_view nonlinearity,
+                             std::optional<std::array<int64_t, 3>> sizes = std::nullopt) {
+  if (!sizes) check_rank(op, x_name, x, 3, "[steps, batch, hidden]");
   const std::optional<prnn_dtype_t> dtype = to_prnn_dtype(x.scalar_type());
   TORCH_CHECK(dtype.has_value(), op, ": ", x_name,
               " must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
@@ -77,7 +80,7 @@ prnn_problem_t check_problem(const char* op, const char* x_name, const at::Tenso
   check_rank(op, "w_hh", w_hh, 2, "[hidden, hidden]");
   check_like(op, "h0", h0, x_name, x);
   check_like(op, "w_hh", w_hh, x_name, x);
-  const int64_t T = x.size(0), B = x.size(1), H = x.size(2);
+  const auto [T, B, H] = sizes.value_or(std::array<int64_t, 3>{x.size(0), x.size(1), x.size(2)});
   TORCH_CHECK(h0.size(0) == B && h0.size(1) == H, op, ": h0 must have shape [batch=", B,
               ", hidden=", H, "], got ", h0.sizes());
   TORCH_CHECK(w_hh.size(0) == H && w_hh.size(1) == H, op, ": w_hh must have shape [hidden=", H,
@@ -160,7 +163,7 @@ prnn_status_t plan_for_device(const char* op, prnn_problem_t problem, prnn_pass_
 // Returns [tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes].
 std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::ScalarType dtype,
                           c10::Device device, c10::string_view nonlinearity, bool backward,
-                          bool has_lengths) {
+                          bool has_lengths, int64_t input) {
   const char* op = "prnn::plan";
   const std::optional<prnn_dtype_t> type = to_prnn_dtype(dtype);
   TORCH_CHECK(type.has_value(), op, ": dtype must be float32, float64, float16 or bfloat16, got ",
@@ -168,12 +171,24 @@ std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::Scal
   const prnn_problem_t problem{PRNN_CELL_ELMAN, to_activation(op, nonlinearity), *type, steps,
                                batch, hidden, has_lengths};
   prnn_plan_t plan{};
-  const prnn_status_t status = plan_for_device(
-      op, problem, backward ? PRNN_PASS_BACKWARD_DATA : PRNN_PASS_FORWARD, device, &plan);
-  // A valid problem that no tier runs is an answer (tier "none"), not an error.
-  if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
+  TORCH_CHECK(input >= 0, op, ": input must be >= 0, got ", input);
+  // The fused layer (forward only): its plan where a kernel fuses it, else the recurrence's.
+  bool fused = false;
+#ifdef WITH_CUDA
+  if (input > 0 && !backward && device.is_cuda()) {
+    const prnn_status_t status = plan_layer_cuda(problem, input, device, &plan);
+    if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
+    fused = status == PRNN_STATUS_SUCCESS;
+  }
+#endif
+  if (!fused) {
+    const prnn_status_t status = plan_for_device(
+        op, problem, backward ? PRNN_PASS_BACKWARD_DATA : PRNN_PASS_FORWARD, device, &plan);
+    // A valid problem that no tier runs is an answer (tier "none"), not an error.
+    if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
+  }
   return {plan.tier,         static_cast<int64_t>(plan.workspace_bytes), plan.grid, plan.block,
-          plan.rows_per_cta, plan.smem_bytes};
+          plan.rows_per_cta, plan.smem_bytes, fused};
 }
 
 }  // namespace
@@ -190,7 +205,7 @@ at::Tensor as_rows(const at::Tensor& t) {
   return t.reshape_symint({t.sym_size(0) * t.sym_size(1), t.sym_size(2)});
 }
 
-at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+void check_input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
                             const std::optional<at::Tensor>& b_hh) {
   const char* op = "prnn::layer";
@@ -203,7 +218,7 @@ at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
               w_ih.sym_sizes());
   TORCH_CHECK(b_ih.has_value() == b_hh.has_value(), op,
               ": b_ih and b_hh must both be tensors or both be None");
-  if (!b_ih.has_value()) return as_rows(x).mm(w_ih.t()).view_symint({T, B, H});
+  if (!b_ih.has_value()) return;
   const auto check_bias = [&](const char* name, const at::Tensor& b) {
     check_rank(op, name, b, 1, "[hidden]");
     check_like(op, name, b, "x", x);
@@ -212,8 +227,39 @@ at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
   };
   check_bias("b_ih", *b_ih);
   check_bias("b_hh", *b_hh);
+}
+
+at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+                            const std::optional<at::Tensor>& b_ih,
+                            const std::optional<at::Tensor>& b_hh) {
+  check_input_projection(x, w_ih, b_ih, b_hh);
+  const c10::SymInt T = x.sym_size(0), B = x.sym_size(1), H = w_ih.sym_size(0);
+  if (!b_ih.has_value()) return as_rows(x).mm(w_ih.t()).view_symint({T, B, H});
   // Both biases folded into the GEMM's.
   return at::addmm(*b_ih + *b_hh, as_rows(x), w_ih.t()).view_symint({T, B, H});
+}
+
+prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
+                           const std::optional<at::Tensor>& b_ih,
+                           const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                           const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                           c10::string_view nonlinearity) {
+  check_input_projection(x, w_ih, b_ih, b_hh);
+  return check_problem("prnn::layer", "x", x, h0, w_hh, lengths, nonlinearity,
+                       std::array<int64_t, 3>{x.size(0), x.size(1), w_ih.size(0)});
+}
+
+at::Tensor call_layer(const at::Tensor& x, const at::Tensor& w_ih,
+                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
+                      const at::Tensor& h0, const at::Tensor& w_hh,
+                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::layer", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, c10::string_view)>();
+  return op.call(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
 }
 
 at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
@@ -361,7 +407,7 @@ TORCH_LIBRARY(prnn, m) {
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
-      "str nonlinearity, bool backward, bool has_lengths) -> int[]",
+      "str nonlinearity, bool backward, bool has_lengths, int input=0) -> int[]",
       &torch_prnn::plan);
 }
 
@@ -370,7 +416,8 @@ TORCH_LIBRARY_IMPL(prnn, CPU, m) {
   m.impl("backward", &torch_prnn::backward_cpu);
 }
 
-// The layer's GEMM and the recurrence's own dispatch cover every device.
+// The layer's GEMM and the recurrence's own dispatch cover every device (CUDA
+// has its own kernel, which fuses the two where it can: prnn_ops_cuda.cpp).
 TORCH_LIBRARY_IMPL(prnn, CompositeExplicitAutograd, m) {
   m.impl("layer", &torch_prnn::layer_forward);
 }

@@ -74,6 +74,24 @@ at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
                             const std::optional<at::Tensor>& b_hh);
 
+// prnn::layer's checks of x, w_ih and the biases (shapes, dtypes, devices).
+void check_input_projection(const at::Tensor& x, const at::Tensor& w_ih,
+                            const std::optional<at::Tensor>& b_ih,
+                            const std::optional<at::Tensor>& b_hh);
+
+// All of prnn::layer's checks; the problem of its recurrence.
+prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
+                           const std::optional<at::Tensor>& b_ih,
+                           const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                           const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                           c10::string_view nonlinearity);
+
+// prnn::layer through the dispatcher (below whatever key the caller excluded).
+at::Tensor call_layer(const at::Tensor& x, const at::Tensor& w_ih,
+                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
+                      const at::Tensor& h0, const at::Tensor& w_hh,
+                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+
 // prnn::layer below autograd, on every device (its CompositeExplicitAutograd
 // kernel): the input projection, then prnn::forward.
 at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& w_ih,
@@ -91,6 +109,9 @@ at::Tensor as_rows(const at::Tensor& t);
 // prnn_plan_cuda for `device` (the current CUDA device when it has no index).
 prnn_status_t plan_cuda(const prnn_problem_t& problem, prnn_pass_t pass, c10::Device device,
                         prnn_plan_t* plan);
+// prnn_plan_layer_cuda for `device`, likewise.
+prnn_status_t plan_layer_cuda(const prnn_problem_t& problem, int64_t input, c10::Device device,
+                              prnn_plan_t* plan);
 #endif
 
 }  // namespace torch_prnn

@@ -43,6 +43,52 @@ at::Tensor forward_cuda(const at::Tensor& xp, const at::Tensor& h0, const at::Te
   return y;
 }
 
+// prnn::layer in one launch where a kernel fuses the input projection (the
+// C API's layer plan says so), else the projection's GEMM and prnn::forward.
+at::Tensor layer_cuda(const at::Tensor& x, const at::Tensor& w_ih,
+                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
+                      const at::Tensor& h0, const at::Tensor& w_hh,
+                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+  const char* op = "prnn::layer";
+  const prnn_problem_t problem = check_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t input = x.size(2);
+  prnn_plan_t plan;
+  const prnn_status_t status = is_empty(problem) || input == 0
+                                   ? PRNN_STATUS_NOT_SUPPORTED
+                                   : prnn_plan_layer_cuda(&problem, input, x.get_device(), &plan);
+  if (status == PRNN_STATUS_NOT_SUPPORTED)
+    return layer_forward(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+  check_status(op, status);
+
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, x.options());
+  const at::Tensor lengths32 = on_device(host_lengths32, x);
+  const at::Tensor x_ = unit_last_stride(x), w_ih_ = unit_last_stride(w_ih), h0_ = unit_last_stride(h0),
+                   w_hh_ = unit_last_stride(w_hh);
+  const at::Tensor b_ih_ = b_ih ? b_ih->contiguous() : at::Tensor(),
+                   b_hh_ = b_hh ? b_hh->contiguous() : at::Tensor();
+  at::Tensor ws = workspace(plan, x);
+  prnn_layer_args_t args{};
+  args.x = x_.const_data_ptr();
+  args.x_stride_t = x_.stride(0);
+  args.x_stride_b = x_.stride(1);
+  args.input = input;
+  args.w_ih = w_ih_.const_data_ptr();
+  args.w_ih_stride = w_ih_.stride(0);
+  args.b_ih = b_ih_.defined() ? b_ih_.const_data_ptr() : nullptr;
+  args.b_hh = b_hh_.defined() ? b_hh_.const_data_ptr() : nullptr;
+  args.h0 = h0_.const_data_ptr();
+  args.h0_stride_b = h0_.stride(0);
+  args.w_hh = w_hh_.const_data_ptr();
+  args.w_hh_stride = w_hh_.stride(0);
+  args.lengths = lengths32.defined() ? lengths32.const_data_ptr<int32_t>() : nullptr;
+  args.y = y.mutable_data_ptr();
+  check_status(op, prnn_layer_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
+                                           current_stream()));
+  return y;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
@@ -73,9 +119,16 @@ prnn_status_t plan_cuda(const prnn_problem_t& problem, prnn_pass_t pass, c10::De
   return prnn_plan_cuda(&problem, pass, index, plan);
 }
 
+prnn_status_t plan_layer_cuda(const prnn_problem_t& problem, int64_t input, c10::Device device,
+                              prnn_plan_t* plan) {
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return prnn_plan_layer_cuda(&problem, input, index, plan);
+}
+
 }  // namespace torch_prnn
 
 TORCH_LIBRARY_IMPL(prnn, CUDA, m) {
   m.impl("forward", &torch_prnn::forward_cuda);
   m.impl("backward", &torch_prnn::backward_cuda);
+  m.impl("layer", &torch_prnn::layer_cuda);
 }
