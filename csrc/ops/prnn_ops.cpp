@@ -245,7 +245,9 @@ prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
                            const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                            c10::string_view nonlinearity) {
   check_input_projection(x, w_ih, b_ih, b_hh);
-  return check_problem("prnn::layer", "x", x, h0, w_hh, lengths, nonlinearity,
+  // The recurrence's checks with prnn::forward's messages, as the GEMM-then-
+  // forward path raises them (xp has x's dtype and device).
+  return check_problem("prnn::forward", "xp", x, h0, w_hh, lengths, nonlinearity,
                        std::array<int64_t, 3>{x.size(0), x.size(1), w_ih.size(0)});
 }
 

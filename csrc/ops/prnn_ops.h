@@ -79,7 +79,8 @@ void check_input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
                             const std::optional<at::Tensor>& b_hh);
 
-// All of prnn::layer's checks; the problem of its recurrence.
+// All of prnn::layer's checks, with the messages of the projection's then
+// prnn::forward's (as when it runs the two); the problem of its recurrence.
 prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
                            const std::optional<at::Tensor>& b_ih,
                            const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,

@@ -61,7 +61,7 @@ at::Tensor layer_cuda(const at::Tensor& x, const at::Tensor& w_ih,
     return layer_forward(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   check_status(op, status);
 
-  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const at::Tensor host_lengths32 = host_lengths("prnn::forward", lengths, problem);  // its messages
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, x.options());
   const at::Tensor lengths32 = on_device(host_lengths32, x);
   const at::Tensor x_ = unit_last_stride(x), w_ih_ = unit_last_stride(w_ih), h0_ = unit_last_stride(h0),
