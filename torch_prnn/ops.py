@@ -35,8 +35,10 @@ def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
 
 @torch.library.register_fake("prnn::layer")
 def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
-    others = [("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh), ("h0", h0), ("w_hh", w_hh)]
-    _check_devices("prnn::layer", "x", x, [(n, t) for n, t in others if t is not None], lengths)
+    projection = [("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh)]
+    _check_devices("prnn::layer", "x", x, [(n, t) for n, t in projection if t is not None], None)
+    # The recurrence's with prnn::forward's messages, as the real kernels raise them (xp is on x's device).
+    _check_devices("prnn::forward", "xp", x, (("h0", h0), ("w_hh", w_hh)), lengths)
     # The shapes the real kernels check, so that tracing fails where running would.
     torch._check(x.dim() == 3, lambda: f"prnn::layer: x must be 3-D [steps, batch, input], got {x.dim()}-D")
     torch._check(
