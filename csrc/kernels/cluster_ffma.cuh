@@ -24,6 +24,9 @@
  * Two state buffers are enough: a peer writes buffer X again only for step
  * s + 2, after it had every row of step s + 1, which every warp here sends
  * only after it read buffer X in step s.
+ * A fused layer (q.clusters > 0) puts its first q.clusters clusters to
+ * computing xp (projection.cuh); the rest step, reading a chunk of xp once
+ * its flag is full.
  */
 #ifndef PRNN_CLUSTER_FFMA_CUH
 #define PRNN_CLUSTER_FFMA_CUH
