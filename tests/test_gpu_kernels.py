@@ -269,6 +269,7 @@ def test_fused_layer_choice():
     assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
     for B in (4, 6, 7, 17):
         assert not fused(1024, B, 1024), B
+    assert fused(7, 8, 1) and not fused(7, 33, 1)  # an item's 32 columns hold a whole step
     assert not fused(1024, 4, 20000)  # the projection's work would outrun the producers
     assert not fused(1024, 4, 1024, torch.bfloat16)  # the tensor-core kernel
     assert not fused(64, 4, 64, torch.float64) and not fused(2048, 4, 2048)

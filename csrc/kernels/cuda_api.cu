@@ -352,7 +352,8 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device
   if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
   if (input > 0) {
     const int smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
-    if (cand.max_group != 1 || smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+    /* an item's 32 columns hold at least one step of the batch */
+    if (cand.max_group != 1 || pb->batch > kProjTile || smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
     const prnn_status_t fst =
         cluster_room(&g_fused_room[device][cand.room_slot][ctas], cand.kernel, ctas, smem, dev, &room);
     if (fst != PRNN_STATUS_SUCCESS || pb->batch >= room) return fst;
