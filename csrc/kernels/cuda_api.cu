@@ -185,7 +185,6 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 /* The cluster kernel's launch for a problem. */
 struct ClusterLaunch {
   const void *kernel;      /* NULL: the problem does not take a cluster tier */
-  int ffma;                /* the FFMA kernel, whose second parameter is an InputProjection */
   int ctas;                /* cluster size: one CTA per rows_per_cta rows, at least two (8 on the cluster grid) */
   int rows_per_cta;        /* 64, 8 WR on the FFMA kernel, 20 on the cluster grid */
   int group_seqs;          /* sequences per cluster, 1..8 (1 on the FFMA kernel; unused on the cluster grid) */
@@ -350,36 +349,28 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device
   const prnn_status_t st =
       cluster_room(&g_cluster_room[device][cand.room_slot][ctas], cand.kernel, ctas, cand.smem_bytes, dev, &room);
   if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
-  if (input > 0) {
-    const int smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
+  int smem = cand.smem_bytes, producers = 0;
+  if (input > 0) { /* then one sequence a cluster: the batch is below the room */
+    smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
     /* an item's 32 columns hold at least one step of the batch */
     if (cand.max_group != 1 || pb->batch > kProjTile || smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
     const prnn_status_t fst =
         cluster_room(&g_fused_room[device][cand.room_slot][ctas], cand.kernel, ctas, smem, dev, &room);
     if (fst != PRNN_STATUS_SUCCESS || pb->batch >= room) return fst;
-    const int producers = room - (int)pb->batch;
+    producers = room - (int)pb->batch;
     if (!projection_keeps_up(pb, input, producers * ctas, cand)) return PRNN_STATUS_SUCCESS;
-    c->kernel = cand.kernel;
-    c->ffma = 1;
-    c->ctas = ctas;
-    c->rows_per_cta = cand.rows;
-    c->group_seqs = 1;
-    c->grid = ctas * (int)(pb->batch + producers);
-    c->smem_bytes = smem;
-    c->producers = producers;
-    return PRNN_STATUS_SUCCESS;
   }
   const int64_t spread = (pb->batch + room - 1) / room; /* sequences per cluster if all run at once */
   const int group = (int)(spread < 1 ? 1 : (spread > cand.max_group ? cand.max_group : spread));
   const int64_t groups = (pb->batch + group - 1) / group;
-  if (ctas * groups > 0x7fffffff) return PRNN_STATUS_SUCCESS;
+  if (ctas * (groups + producers) > 0x7fffffff) return PRNN_STATUS_SUCCESS;
   c->kernel = cand.kernel;
-  c->ffma = cand.max_group == 1;
   c->ctas = ctas;
   c->rows_per_cta = cand.rows;
   c->group_seqs = group;
-  c->grid = (int)(ctas * groups);
-  c->smem_bytes = cand.smem_bytes;
+  c->grid = (int)(ctas * (groups + producers));
+  c->smem_bytes = smem;
+  c->producers = producers;
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -403,26 +394,21 @@ prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, prnn_pla
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = choose_cluster(pb, input, device, dev, cluster);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (input > 0) {
-    if (cluster->kernel == NULL)
-      return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
-                       "no kernel fuses the input projection of this layer on this device (dtype %d, batch %lld, "
-                       "hidden %lld, input %lld)",
-                       (int)pb->dtype, (long long)pb->batch, (long long)pb->hidden, (long long)input);
-    out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
-    out->workspace_bytes = projection_workspace_bytes(pb->steps, pb->batch, pb->hidden, prnn_dtype_size(pb->dtype));
-    out->grid = cluster->grid;
-    out->block = kClusterThreads;
-    out->rows_per_cta = cluster->rows_per_cta;
-    out->smem_bytes = cluster->smem_bytes;
-    return PRNN_STATUS_SUCCESS;
-  }
+  if (input > 0 && cluster->kernel == NULL)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
+                     "no kernel fuses the input projection of this layer on this device (dtype %d, batch %lld, "
+                     "hidden %lld, input %lld)",
+                     (int)pb->dtype, (long long)pb->batch, (long long)pb->hidden, (long long)input);
   if (cluster->kernel == NULL) st = choose_cluster_grid(pb, device, dev, cluster);
   if (st != PRNN_STATUS_SUCCESS) return st;
   if (cluster->kernel != NULL) {
     out->tier = cluster->team_rows > 0 ? PRNN_TIER_PERSISTENT_CLUSTER_GRID : PRNN_TIER_PERSISTENT_CLUSTER;
-    /* one cluster keeps the state in its shared memory; the cluster grid exchanges it through L2 */
-    out->workspace_bytes = cluster->team_rows > 0 ? cluster_grid_workspace_bytes(cluster->team_rows) : 0;
+    /* one cluster keeps the state in its shared memory; the cluster grid exchanges it through L2; a
+     * fused layer keeps xp and its chunk flags in the workspace */
+    out->workspace_bytes = cluster->team_rows > 0   ? cluster_grid_workspace_bytes(cluster->team_rows)
+                           : cluster->producers > 0 ? projection_workspace_bytes(pb->steps, pb->batch, pb->hidden,
+                                                                                 prnn_dtype_size(pb->dtype))
+                                                    : 0;
     out->grid = cluster->grid;
     out->block = kClusterThreads;
     out->rows_per_cta = cluster->rows_per_cta;

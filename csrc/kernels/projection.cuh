@@ -3,15 +3,19 @@
  * launch: xp = x W_ih^T + b_ih + b_hh, computed by CTAs the recurrence leaves
  * idle (the FFMA cluster kernel's first clusters: cluster_ffma.cuh), chunk
  * of steps by chunk of steps, while the other clusters step through the
- * chunks already done. It saves the separate GEMM's time on the GPU (0.24
- * us/step in float32 at B = 4, H = 1024) and its launches on the host.
+ * chunks already done. It saves the separate GEMM's launches on the host
+ * and, where the producers keep ahead (the planner's projection_keeps_up),
+ * its time on the GPU (0.24 us/step in float32 at B = 4, H = 1024, where
+ * they do not yet: bench/NOTES.md step 30).
  *
  * The work: xp [steps][batch][hidden] (E, contiguous, in the workspace) as
  * items of 32 rows (of W_ih) by the 32 columns (step, sequence) of a chunk
  * of 32 / batch steps, taken in chunk order by producer CTA j = j, j + P, ...
  * A CTA's 8 warps split an item's K (the input size) in blocks of 32; each
  * warp stages its block of W_ih and x as float32, k-major, in its own 8 KiB
- * of shared memory and accumulates a 4 x 8 tile per lane; the 8 partial
+ * buffer of shared memory (two, alternating, for float32, which cp.async
+ * fills while the other is multiplied; the 16-bit dtypes load the next block
+ * into registers instead) and accumulates a 4 x 8 tile per lane; the 8 partial
  * tiles are summed through shared memory, the biases added, the result
  * rounded to E and stored, and then the chunk's flag counts the item:
  * __syncthreads (every store of the CTA done), a GPU-scope fence, an atomic

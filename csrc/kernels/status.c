@@ -128,7 +128,20 @@ prnn_status_t prnn_check_problem(const prnn_problem_t *problem) {
   return PRNN_STATUS_SUCCESS;
 }
 
-/* Both args checks validate the problem first, so one call covers an entry point. */
+/* The recurrence's own tensors, as the forward and the whole layer take them. */
+static prnn_status_t check_recurrence(const prnn_problem_t *problem, const void *h0, int64_t h0_stride_b,
+                                      const void *w_hh, int64_t w_hh_stride, const int32_t *lengths,
+                                      const void *y) {
+  PRNN_TRY(check_pointer("h0", h0));
+  PRNN_TRY(check_stride("h0_stride_b", h0_stride_b));
+  PRNN_TRY(check_pointer("w_hh", w_hh));
+  PRNN_TRY(check_stride("w_hh_stride", w_hh_stride));
+  PRNN_TRY(check_lengths(problem, lengths));
+  PRNN_TRY(check_pointer("y", y));
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* The args checks validate the problem first, so one call covers an entry point. */
 prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
                                       const prnn_forward_args_t *args) {
   PRNN_TRY(prnn_check_problem(problem));
@@ -136,13 +149,8 @@ prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
   PRNN_TRY(check_pointer("xp", args->xp));
   PRNN_TRY(check_stride("xp_stride_t", args->xp_stride_t));
   PRNN_TRY(check_stride("xp_stride_b", args->xp_stride_b));
-  PRNN_TRY(check_pointer("h0", args->h0));
-  PRNN_TRY(check_stride("h0_stride_b", args->h0_stride_b));
-  PRNN_TRY(check_pointer("w_hh", args->w_hh));
-  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
-  PRNN_TRY(check_lengths(problem, args->lengths));
-  PRNN_TRY(check_pointer("y", args->y));
-  return PRNN_STATUS_SUCCESS;
+  return check_recurrence(problem, args->h0, args->h0_stride_b, args->w_hh, args->w_hh_stride, args->lengths,
+                          args->y);
 }
 
 prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
@@ -171,11 +179,6 @@ prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem, const prnn_la
   PRNN_TRY(check_stride("w_ih_stride", args->w_ih_stride));
   if ((args->b_ih == NULL) != (args->b_hh == NULL))
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "b_ih and b_hh must both be NULL or both be given");
-  PRNN_TRY(check_pointer("h0", args->h0));
-  PRNN_TRY(check_stride("h0_stride_b", args->h0_stride_b));
-  PRNN_TRY(check_pointer("w_hh", args->w_hh));
-  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
-  PRNN_TRY(check_lengths(problem, args->lengths));
-  PRNN_TRY(check_pointer("y", args->y));
-  return PRNN_STATUS_SUCCESS;
+  return check_recurrence(problem, args->h0, args->h0_stride_b, args->w_hh, args->w_hh_stride, args->lengths,
+                          args->y);
 }
