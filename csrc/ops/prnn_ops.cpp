@@ -160,7 +160,7 @@ prnn_status_t plan_for_device(const char* op, prnn_problem_t problem, prnn_pass_
               device.is_cuda() ? ": torch_prnn was built without CUDA" : ": expected cpu or cuda");
 }
 
-// Returns [tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes].
+// Returns [tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes, fused_input_projection].
 std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::ScalarType dtype,
                           c10::Device device, c10::string_view nonlinearity, bool backward,
                           bool has_lengths, int64_t input) {
