@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab profile sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab projlab profile fusedprobe sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
 # the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
@@ -74,6 +74,31 @@ for s in $stages; do
         grep "==" "$LOG/trace_$dt.log"
       done
       tar czf "$OUT/trace.tar.gz" -C "$OUT" trace && rm -r "$OUT/trace" ;;
+    fusedprobe) # prnn::layer with its projection never / by rule / always fused, then ncu of the forced fused launch
+      for setting in 0 rule 1; do
+        if [ $setting = rule ]; then stage fused_$setting env -u PRNN_FUSED_PROJECTION python3 bench/fused_probe.py float32 ${PROBE_BATCHES:-1 2 4}
+        else stage fused_$setting env PRNN_FUSED_PROJECTION=$setting python3 bench/fused_probe.py float32 ${PROBE_BATCHES:-1 2 4}; fi
+        grep "^fused_probe" "$LOG/fused_$setting.log"
+      done
+      [ -n "${PROBE_NCU:-}" ] || continue
+      stage fusedncu env PRNN_FUSED_PROJECTION=1 ncu --set full --import-source yes --clock-control none \
+        --kernel-name regex:cluster_ffma --launch-skip 2 --launch-count 1 -f -o "$OUT/fused" \
+        python3 bench/profile_step.py float32 ${PROFILE_BATCH:-4} layer
+      ncu -i "$OUT/fused.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$OUT/fused_source.csv.gz"
+      ncu -i "$OUT/fused.ncu-rep" --page details 2>&1 | grep -E "Duration|Stall|Issued|Eligible|L2 Hit|Mem Busy|Bank|Wavefront" | head -40 ;;
+    projlab) # the fused layer's kernel alone: recurrence, producers alone, both (bench/projection_lab.cu)
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab &
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_LAB_NO_WAIT bench/projection_lab.cu \
+        -o build/plab_nowait &
+      wait
+      stage plab build/plab waits; cat "$LOG/plab.log"
+      stage plab_nowait build/plab_nowait nowait; grep -E "fused|room" "$LOG/plab_nowait.log"
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 \
+        >"$LOG/plab_clocks.log" &
+      smi=$!
+      build/plab sustain sustain | while read -r line; do echo "$(date +%H:%M:%S.%N | cut -c1-12) $line"; done
+      kill $smi
+      awk -F, '{print $1, $2, $3}' "$LOG/plab_clocks.log" | tr -s ' ' | paste -sd' ' | fold -w 4000 | head -c 6000; echo ;;
     spread) # eager figures round to round, and the GPU-only time behind a spin
       stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5}
       grep "^spread" "$LOG/spread.log" ;;

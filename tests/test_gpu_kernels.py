@@ -227,21 +227,28 @@ def test_cluster_ffma(dtype, H, B, nonlinearity):
         check_backward(T, B, H, dtype, nonlinearity, lengths=lengths, seed=H + B)
 
 
-def make_layer(T, B, I, H, dtype, bias=True, lengths=False, seed=0):
-    """prnn::layer's inputs, x and w_ih strided (x: every other sequence at an
-    offset in a wider input; w_ih: a row pitch of I + 3)."""
+def make_layer(T, B, I, H, dtype, bias=True, lengths=False, seed=0, aligned=False):
+    """prnn::layer's inputs, x and w_ih strided: x every other sequence of a
+    wider input, w_ih with a wider row pitch; at an odd offset (4-byte
+    aligned), or with aligned=True at offset 0 and pitches of a multiple of 4
+    elements (16-byte aligned rows for float32, whatever I is)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(T, 2 * B, I + 2, device="cuda", generator=g).to(dtype)[:, ::2, 1:I + 1]
+    wide = (I + 3) // 4 * 4 + 4
+    if aligned:
+        x = torch.randn(T, 2 * B, wide, device="cuda", generator=g).to(dtype)[:, ::2, :I]
+    else:
+        x = torch.randn(T, 2 * B, I + 2, device="cuda", generator=g).to(dtype)[:, ::2, 1:I + 1]
     bound = H ** -0.5
-    w_ih = ((torch.rand(H, I + 3, device="cuda", generator=g) * 2 - 1) * bound).to(dtype)[:, 2:I + 2]
+    w_ih = ((torch.rand(H, wide if aligned else I + 3, device="cuda", generator=g) * 2 - 1) * bound).to(dtype)
+    w_ih = w_ih[:, :I] if aligned else w_ih[:, 2:I + 2]
     b = [((torch.rand(H, device="cuda", generator=g) * 2 - 1) * bound).to(dtype) if bias else None
          for _ in range(2)]
     _, h0, w_hh, lens = make_problem(T, B, H, dtype, lengths=lengths, seed=seed + 1)
     return x, w_ih, b[0], b[1], h0, w_hh, lens
 
 
-def check_layer(T, B, I, H, dtype, nonlinearity="tanh", bias=True, lengths=False, seed=0):
-    args = make_layer(T, B, I, H, dtype, bias, lengths, seed)
+def check_layer(T, B, I, H, dtype, nonlinearity="tanh", bias=True, lengths=False, seed=0, aligned=False):
+    args = make_layer(T, B, I, H, dtype, bias, lengths, seed, aligned)
     poison_allocator("cuda", dtype, (T, B, H))
     y = torch.ops.prnn.layer(*args, nonlinearity)
     ref = layer_reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args],
@@ -255,7 +262,7 @@ def test_fused_layer_choice():
     """Where prnn::layer computes its input projection inside the recurrence's
     launch: the FFMA cluster kernel's forward, with clusters to spare beside
     the batch's that keep ahead of it (H200: 7 clusters of 16 CTAs at H =
-    1024, so B <= 2 at I = H; from B = 4 on too few are left, at B = 7 none)."""
+    1024, so B <= 4 at I = H; from B = 5 on too few are left, at B = 7 none)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
 
@@ -263,14 +270,14 @@ def test_fused_layer_choice():
         return torch_prnn.plan(H, batch=B, steps=256, dtype=dtype, device="cuda", input_size=I, **kw)[
             "fused_input_projection"]
 
-    for B in (1, 2):
+    for B in (1, 2, 4):
         assert fused(1024, B, 1024) and fused(1152, B, 1152), B
     assert fused(1100, 2, 1100, torch.bfloat16) and fused(1025, 3, 129, torch.float16)
     assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
-    for B in (4, 6, 7, 17):
+    for B in (5, 6, 7, 17):
         assert not fused(1024, B, 1024), B
     assert fused(7, 8, 1) and not fused(7, 33, 1)  # an item's 32 columns hold a whole step
-    assert not fused(1024, 4, 20000)  # the projection's work would outrun the producers
+    assert not fused(1024, 4, 20000) and not fused(1024, 4, 2048)  # the projection would outrun the producers
     assert not fused(1024, 4, 1024, torch.bfloat16)  # the tensor-core kernel
     assert not fused(64, 4, 64, torch.float64) and not fused(2048, 4, 2048)
     assert not fused(1024, 4, 1024, backward=True) and not fused(1024, 4, 0)
@@ -279,7 +286,7 @@ def test_fused_layer_choice():
 
 
 FUSED_CASES = [  # (dtype, H, I, B): the FFMA kernel's shapes, odd input sizes, the largest batches fused
-    (torch.float32, 1024, 1024, 2), (torch.float32, 1024, 1000, 1), (torch.float32, 1000, 7, 3),
+    (torch.float32, 1024, 1024, 4), (torch.float32, 1024, 1000, 1), (torch.float32, 1000, 7, 3),
     (torch.float32, 129, 1000, 2), (torch.float32, 1152, 33, 4), (torch.float32, 1, 1, 1), (torch.float32, 7, 1, 3),
     (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.bfloat16, 1100, 1100, 2),
     (torch.float16, 1025, 129, 3)]
@@ -291,12 +298,15 @@ FUSED_CASES = [  # (dtype, H, I, B): the FFMA kernel's shapes, odd input sizes, 
 def test_fused_layer(dtype, H, I, B, bias, nonlinearity):
     """prnn::layer with its input projection in the recurrence's launch, on
     strided x and w_ih, with and without biases and lengths, against float64;
-    T = 255 is many chunks of steps (32 columns of (step, sequence) each)."""
+    T = 255 is many chunks of steps (32 columns of (step, sequence) each).
+    Rows of x and w_ih 16-byte aligned (float32 staged 16 bytes at a time,
+    the last chunk of K partly when I % 4 != 0) and not (4 bytes at a time)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", input_size=I)["fused_input_projection"]
-    for T, lengths in ((1, False), (2, True), (67, False), (255, True)):
-        check_layer(T, B, I, H, dtype, nonlinearity, bias, lengths, seed=H + I + B)
+    for T, lengths, aligned in ((1, False, False), (2, True, True), (67, False, False), (67, False, True),
+                                (255, True, True)):
+        check_layer(T, B, I, H, dtype, nonlinearity, bias, lengths, seed=H + I + B, aligned=aligned)
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
@@ -325,7 +335,7 @@ def test_fused_layer_graph_streams_and_busy_gpu():
         expected = torch.ops.prnn.layer(fresh, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
         torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
 
-    problems = [make_layer(200, B, I, H, torch.float32, seed=70 + i) for i in range(2)]
+    problems = [make_layer(200, B, I, H, torch.float32, seed=70 + i, aligned=i == 1) for i in range(2)]
     streams = [torch.cuda.Stream() for _ in problems]
     torch.cuda.synchronize()
     outs = []

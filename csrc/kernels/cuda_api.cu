@@ -28,6 +28,7 @@ struct DeviceInfo {
   int cooperative;         /* cooperative launches supported */
   int cluster;             /* thread-block cluster launches supported (sm_90+) */
   int major;               /* compute capability major */
+  int fuse_projection;     /* PRNN_FUSED_PROJECTION: -1 never, 0 where the planner's rule says, 1 wherever a kernel can */
 };
 /* Filled once per device: the fields first, then `ready` with a release store
  * (read with acquire), so a reader that sees ready sees the fields; a racing
@@ -49,6 +50,16 @@ int cluster_tier_disabled() {
   return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
+/* PRNN_FUSED_PROJECTION (read when a device is first queried): "0" never
+ * fuses a layer's input projection into the recurrence's launch, "1" fuses it
+ * wherever a kernel can, even where the producers would not keep ahead (to
+ * measure that); unset or anything else, the planner's rule. */
+int fused_projection_override() {
+  const char *v = getenv("PRNN_FUSED_PROJECTION");
+  if (v == NULL) return 0;
+  return strcmp(v, "0") == 0 ? -1 : strcmp(v, "1") == 0 ? 1 : 0;
+}
+
 prnn_status_t device_info(int device, DeviceInfo *info) {
   if (device < 0 || device >= kMaxDevices)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d out of range [0, %d)", device, kMaxDevices);
@@ -68,6 +79,7 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
     d->cooperative = fresh.cooperative;
     d->major = fresh.major;
     d->cluster = fresh.cluster && !cluster_tier_disabled();
+    d->fuse_projection = fused_projection_override();
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
   }
   *info = *d;
@@ -318,14 +330,16 @@ prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const De
 
 /* Whether `producer_ctas` CTAs computing the input projection keep ahead of
  * the recurrence: a producer does its share of a step's projection (batch x
- * input x hidden FMAs) at about the rate a stepping CTA does its rows x K
- * extent (measured, bench/NOTES.md step 30: float32 H = 1024 at B = 4, 0.68
- * of a stepper's work each, left the steppers waiting), so each may take
- * at most 0.7 of a stepper's, which leaves room for the first chunk. */
+ * input x hidden FMAs) at about 1.6 times the rate a stepping CTA does its
+ * rows x K extent (measured, bench/NOTES.md step 31: float32 H = I = 1024,
+ * B = 4, 48 producer CTAs with 1.33 of a stepper's work each finished alone
+ * in 0.82 of the recurrence's time, and the fused launch took 0.92 of the
+ * GEMM and recurrence's), so each may take at most 1.4 of a stepper's, which
+ * leaves room for the first chunk and for the steppers' slowdown beside them. */
 bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_ctas, const ClusterCandidate &cand) {
   const int64_t tile = kProjTile;
   const int64_t work = pb->batch * ((input + tile - 1) / tile * tile) * ((pb->hidden + tile - 1) / tile * tile);
-  return (int64_t)producer_ctas * 7 * cand.rows * cand.k_extent >= 10 * work;
+  return 14 * (int64_t)producer_ctas * cand.rows * cand.k_extent >= 10 * work;
 }
 
 /* The cluster tier, on a device with cluster launches. A step costs less the
@@ -353,12 +367,14 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device
   if (input > 0) { /* then one sequence a cluster: the batch is below the room */
     smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
     /* an item's 32 columns hold at least one step of the batch */
-    if (cand.max_group != 1 || pb->batch > kProjTile || smem > dev.smem_optin) return PRNN_STATUS_SUCCESS;
+    if (dev.fuse_projection < 0 || cand.max_group != 1 || pb->batch > kProjTile || smem > dev.smem_optin)
+      return PRNN_STATUS_SUCCESS;
     const prnn_status_t fst =
         cluster_room(&g_fused_room[device][cand.room_slot][ctas], cand.kernel, ctas, smem, dev, &room);
     if (fst != PRNN_STATUS_SUCCESS || pb->batch >= room) return fst;
     producers = room - (int)pb->batch;
-    if (!projection_keeps_up(pb, input, producers * ctas, cand)) return PRNN_STATUS_SUCCESS;
+    if (dev.fuse_projection == 0 && !projection_keeps_up(pb, input, producers * ctas, cand))
+      return PRNN_STATUS_SUCCESS;
   }
   const int64_t spread = (pb->batch + room - 1) / room; /* sequences per cluster if all run at once */
   const int group = (int)(spread < 1 ? 1 : (spread > cand.max_group ? cand.max_group : spread));

@@ -49,10 +49,11 @@ struct InputProjection {
   unsigned *flags;        /* per chunk of steps: row tiles stored (zeroed by the launcher) */
 };
 
-const int kProjTile = 32;                 /* rows and columns of an item, and the K block */
-const int kProjBufFloats = 2 * 32 * 32;          /* a staging buffer: W and x blocks, [32 k][32] floats each */
-const int kProjWarpFloats = 2 * kProjBufFloats; /* a warp's two buffers */
-const int kProjSmemBytes = 8 * kProjWarpFloats * 4 + kProjTile * 8; /* the warps' buffers, x's column offsets */
+const int kProjTile = 32;                        /* rows and columns of an item, and the K block */
+const int kProjBlockFloats = kProjTile * kProjTile; /* one staged [32][32] block */
+const int kProjWarpFloats = 4 * kProjBlockFloats;   /* a warp's two buffers of a W_ih block and an x block */
+/* the warps' buffers, their partial tiles, x's column offsets */
+const int kProjSmemBytes = 8 * (kProjWarpFloats + kProjBlockFloats) * 4 + kProjTile * 8;
 
 /* Steps per chunk: 32 columns of (step, sequence). */
 __host__ __device__ inline int projection_chunk_steps(int batch) { return batch >= kProjTile ? 1 : kProjTile / batch; }
@@ -74,7 +75,12 @@ __device__ __forceinline__ unsigned load_acquire_u32(const unsigned *p) {
   return v;
 }
 
-/* 4 bytes global -> shared, asynchronously; zeros where !valid (src unread). */
+/* global -> shared, asynchronously: 16 bytes of which the first src_bytes are
+ * read and the rest zeroed, or 4 bytes (zeros where !valid; src unread then). */
+__device__ __forceinline__ void cp_async16(float *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async4(float *dst, const void *src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
                :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
@@ -84,12 +90,42 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() { asm volatile("c
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 #endif
 
-/* The swizzled float offset of column c (a multiple of 4) of row k of a [32 k][32] block:
- * 16-byte groups XORed by k % 8, so that a warp's stores (lane = k) and reads
- * (8 lanes a row) are free of bank conflicts. */
-__device__ __forceinline__ int proj_at(int k, int c) { return k * 32 + (c ^ (4 * (k & 7))); }
+/* Float offset of (row r, k) in a staged [32 rows][32 k] block: row-major, its
+ * 16-byte chunks XORed by r / 4 % 8. Free of bank conflicts for the stores
+ * (a 16-byte copy: 8 lanes a row; a 4-byte one: 32 lanes a row) and for the
+ * multiply's 16-byte reads (8 rows 4 apart, or 4 columns 8 apart, a warp). */
+__device__ __forceinline__ int proj_at(int r, int k) { return r * 32 + ((((k >> 2) ^ (r >> 2)) & 7) << 2) + (k & 3); }
+/* Float offset of (column n, row r) in a warp's partial tile, [32 n][32 r]:
+ * chunks XORed so that the lanes' 16-byte stores (rows 4 (lane / 4), columns
+ * 8 (lane % 4) + c) spread over the banks. */
+__device__ __forceinline__ int proj_partial_at(int n, int r) {
+  return n * 32 + ((((r >> 2) ^ (2 * ((n >> 3) & 3))) & 7) << 2) + (r & 3);
+}
 
-/* Producer CTA `worker` of `workers`: every item it owns, in chunk order. */
+/* Where an item of the projection lies: W_ih's rows row0 .. + 31 by the
+ * columns (step t0 + n / batch, sequence n % batch), n < cols, of a chunk. */
+struct ProjItem {
+  int chunk, row0, t0, cols;
+};
+__device__ __forceinline__ ProjItem proj_item(int64_t item, int row_tiles, int chunk_steps, int steps, int batch) {
+  ProjItem it;
+  it.chunk = (int)(item / row_tiles);
+  it.row0 = (int)(item % row_tiles) * kProjTile;
+  it.t0 = it.chunk * chunk_steps;
+  it.cols = (steps - it.t0 < chunk_steps ? steps - it.t0 : chunk_steps) * batch;
+  return it;
+}
+
+/* Producer CTA `worker` of `workers`: every item it owns, in chunk order. The
+ * 8 warps split an item's K in blocks of 32; each warp stages its blocks
+ * (W_ih's 32 rows and x's 32 columns, as float32) in its own buffers and
+ * accumulates a 4 x 8 tile per lane; while it multiplies one block, the next
+ * one - of this item or, past its last, of the next item - is on its way:
+ * float32 by cp.async into the other buffer (16 bytes a lane where x and
+ * W_ih are 16-byte aligned along K, else 4), the 16-bit dtypes into registers,
+ * widened when stored. The 8 partial tiles are summed through shared memory,
+ * the biases added, the result rounded to E and stored, and then the chunk's
+ * flag counts the item. */
 template <typename E>
 __device__ void project_inputs(const RecurrenceParams &p, const InputProjection &q, float *smem, int worker,
                                int workers) {
@@ -103,141 +139,165 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
   const int cs = projection_chunk_steps(B);
   const int row_tiles = (H + kProjTile - 1) / kProjTile;
   const int64_t items = (int64_t)((T + cs - 1) / cs) * row_tiles;
+  if (worker >= items) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float *ws = smem + warp * kProjWarpFloats;
-  int64_t *col_offsets = reinterpret_cast<int64_t *>(smem + 8 * kProjWarpFloats); /* [32] */
-  const int lr = lane >> 2, lc = lane & 3; /* this lane's rows 4 lr .. + 3 and columns 8 lc .. + 7 */
+  float *partials = smem + 8 * kProjWarpFloats;                          /* [8 warps][32 n][32 r] */
+  int64_t *col_offsets = reinterpret_cast<int64_t *>(partials + 8 * kProjBlockFloats); /* [32] */
+  /* column n's offset in x from its chunk's first step: the same for every chunk */
+  if (tid < kProjTile) col_offsets[tid] = (int64_t)(tid / B) * q.x_stride_t + (int64_t)(tid % B) * q.x_stride_b;
+  __syncthreads();
 
-  for (int64_t item = worker; item < items; item += workers) {
-    const int chunk = (int)(item / row_tiles), row0 = (int)(item % row_tiles) * kProjTile;
-    const int t0 = chunk * cs;
-    const int cols = (T - t0 < cs ? T - t0 : cs) * B; /* column n: step t0 + n / B, sequence n % B */
-    if (tid < kProjTile) {
-      const int n = tid < cols ? tid : 0;
-      col_offsets[tid] = (int64_t)(t0 + n / B) * q.x_stride_t + (int64_t)(n % B) * q.x_stride_b;
-    }
-    __syncthreads();
-    float acc[4][8];
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int c = 0; c < 8; ++c) acc[r][c] = 0.f;
+  /* 16-byte copies need 16-byte aligned sources along every row of W_ih and x */
+  const bool wide = sizeof(E) == 4 && ((uintptr_t)X % 16 == 0) && ((uintptr_t)W % 16 == 0) && q.w_stride % 4 == 0 &&
+                    q.x_stride_t % 4 == 0 && q.x_stride_b % 4 == 0;
+  const int k_first = warp * kProjTile, kstep = 8 * kProjTile;
+  const int blocks = k_first < I ? (I - k_first + kstep - 1) / kstep : 0; /* this warp's K blocks of an item */
 
-    /* The warp's blocks of K in turn, each staged (W_ih's 32 rows and x's 32
-     * columns at column k = kb + lane: loads coalesced along k) while the
-     * block before is multiplied: float32 by cp.async into the other of two
-     * buffers, the 16-bit dtypes through registers (widened on the way). */
-    const int64_t *x_col = col_offsets; /* column n's offset in x */
-    auto compute = [&](const float *wb, const float *xb) {
-#pragma unroll 4
-      for (int kk = 0; kk < kProjTile; ++kk) {
-        const float4 a = *reinterpret_cast<const float4 *>(&wb[proj_at(kk, 4 * lr)]);
-        const float4 x0 = *reinterpret_cast<const float4 *>(&xb[proj_at(kk, 8 * lc)]);
-        const float4 x1 = *reinterpret_cast<const float4 *>(&xb[proj_at(kk, 8 * lc + 4)]);
-        const float av[4] = {a.x, a.y, a.z, a.w}, xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(av[r], xv[c], acc[r][c]);
-      }
-    };
-    const int kstep = 8 * kProjTile;
+  /* Stage block kb of item `it` into buffer `buf` (float32), or load it into
+   * w_next / x_next (16-bit). 16 bytes: lane copies chunk lane % 8 of rows
+   * (columns) 4 i + lane / 8; otherwise lane copies k = kb + lane of each. */
+  float w_next[sizeof(E) == 4 ? 1 : 32], x_next[sizeof(E) == 4 ? 1 : 32];
+  auto stage = [&](const ProjItem &it, int kb, int buf) {
+    float *wb = ws + buf * 2 * kProjBlockFloats, *xb = wb + kProjBlockFloats;
+    const E *x_chunk = X + (int64_t)it.t0 * q.x_stride_t;
     if constexpr (sizeof(E) == 4) {
-      auto stage = [&](int kb, int buf) {
+      if (wide) {
+        const int k = kb + 4 * (lane & 7), rest = I - k;
+        const int bytes = rest >= 4 ? 16 : rest > 0 ? 4 * rest : 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = 4 * i + (lane >> 3);
+          const bool w_ok = it.row0 + r < H && bytes > 0, x_ok = r < it.cols && bytes > 0;
+          cp_async16(&wb[proj_at(r, k - kb)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok ? bytes : 0);
+          cp_async16(&xb[proj_at(r, k - kb)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok ? bytes : 0);
+        }
+      } else {
         const int k = kb + lane;
-        float *wb = ws + buf * kProjBufFloats, *xb = wb + 32 * 32;
-#pragma unroll
+#pragma unroll 8
         for (int r = 0; r < 32; ++r) {
-          const bool ok = row0 + r < H && k < I;
-          cp_async4(&wb[proj_at(lane, r & ~3) + (r & 3)], ok ? W + (int64_t)(row0 + r) * q.w_stride + k : W, ok);
+          const bool w_ok = it.row0 + r < H && k < I, x_ok = r < it.cols && k < I;
+          cp_async4(&wb[proj_at(r, lane)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok);
+          cp_async4(&xb[proj_at(r, lane)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok);
         }
+      }
+    } else {
+      const int k = kb + lane;
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          const bool ok = n < cols && k < I;
-          cp_async4(&xb[proj_at(lane, n & ~3) + (n & 3)], ok ? X + x_col[n] + k : X, ok);
+      for (int r = 0; r < 32; ++r)
+        w_next[r] = (it.row0 + r < H && k < I) ? to_accum(W[(int64_t)(it.row0 + r) * q.w_stride + k]) : 0.f;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) x_next[n] = (n < it.cols && k < I) ? to_accum(x_chunk[col_offsets[n] + k]) : 0.f;
+    }
+  };
+
+  const int lr = lane >> 2, lc = lane & 3; /* this lane's rows 4 lr .. + 3 and columns 8 lc .. + 7 */
+  float acc[4][8];
+  /* The multiply of one staged block, 4 k at a time: 4 rows and 8 columns of 16 bytes each. */
+  auto multiply = [&](const float *wb, const float *xb) {
+#pragma unroll 2
+    for (int kq = 0; kq < kProjTile; kq += 4) {
+      float4 a[4], x[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          acc[j][c] = fmaf(a[j].x, x[c].x, acc[j][c]);
+          acc[j][c] = fmaf(a[j].y, x[c].y, acc[j][c]);
+          acc[j][c] = fmaf(a[j].z, x[c].z, acc[j][c]);
+          acc[j][c] = fmaf(a[j].w, x[c].w, acc[j][c]);
         }
-      };
-      int buf = 0;
-      if (warp * kProjTile < I) stage(warp * kProjTile, 0);
-      cp_async_commit();
-      for (int kb = warp * kProjTile; kb < I; kb += kstep, buf ^= 1) {
-        if (kb + kstep < I) stage(kb + kstep, buf ^ 1);
+    }
+  };
+
+  int64_t item = worker;
+  ProjItem it = proj_item(item, row_tiles, cs, T, B);
+  if (blocks > 0) stage(it, k_first, 0);
+  if constexpr (sizeof(E) == 4) cp_async_commit();
+  int buf = 0;
+  for (;;) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[j][c] = 0.f;
+    for (int b = 0; b < blocks; ++b) {
+      /* the block after this one: this item's next, or the next item's first */
+      const bool last = b + 1 == blocks, more = !last || item + workers < items;
+      const ProjItem next = last ? proj_item(item + workers, row_tiles, cs, T, B) : it;
+      const int next_kb = last ? k_first : k_first + (b + 1) * kstep;
+      if constexpr (sizeof(E) == 4) {
+        if (more) stage(next, next_kb, buf ^ 1);
         cp_async_commit();
         cp_async_wait_all_but_newest();
         __syncwarp();
-        compute(ws + buf * kProjBufFloats, ws + buf * kProjBufFloats + 32 * 32);
-        __syncwarp(); /* every lane done with buf before the next block is staged into it */
-      }
-      cp_async_wait_all();
-      __syncwarp();
-    } else {
-      float w_next[32], x_next[32];
-      auto load_block = [&](int kb) {
-        const int k = kb + lane;
+        multiply(ws + buf * 2 * kProjBlockFloats, ws + buf * 2 * kProjBlockFloats + kProjBlockFloats);
+        buf ^= 1;
+      } else {
+        float *wb = ws, *xb = ws + kProjBlockFloats;
+        const int k = lane;
 #pragma unroll
-        for (int r = 0; r < 32; ++r)
-          w_next[r] = (row0 + r < H && k < I) ? to_accum(W[(int64_t)(row0 + r) * q.w_stride + k]) : 0.f;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) x_next[n] = (n < cols && k < I) ? to_accum(X[x_col[n] + k]) : 0.f;
-      };
-      if (warp * kProjTile < I) load_block(warp * kProjTile);
-      for (int kb = warp * kProjTile; kb < I; kb += kstep) {
-#pragma unroll
-        for (int g = 0; g < 8; ++g) {
-          *reinterpret_cast<float4 *>(&ws[proj_at(lane, 4 * g)]) =
-              make_float4(w_next[4 * g], w_next[4 * g + 1], w_next[4 * g + 2], w_next[4 * g + 3]);
-          *reinterpret_cast<float4 *>(&ws[32 * 32 + proj_at(lane, 4 * g)]) =
-              make_float4(x_next[4 * g], x_next[4 * g + 1], x_next[4 * g + 2], x_next[4 * g + 3]);
+        for (int r = 0; r < 32; ++r) {
+          wb[proj_at(r, k)] = w_next[r];
+          xb[proj_at(r, k)] = x_next[r];
         }
         __syncwarp();
-        if (kb + kstep < I) load_block(kb + kstep);
-        compute(ws, ws + 32 * 32);
-        __syncwarp();
+        if (more) stage(next, next_kb, 0);
+        multiply(wb, xb);
       }
+      __syncwarp(); /* every lane done with the buffer before the next block is staged into it */
     }
 
-    /* The warp's partial tile into its own staging space, [column][row]. */
+    /* The warp's partial tile, then thread: column tid / 8, rows 4 (tid % 8)
+     * .. + 3, summed over the warps; 8 threads store one column's 32 rows,
+     * consecutive in xp. */
+    float *mine = partials + warp * kProjBlockFloats;
 #pragma unroll
     for (int c = 0; c < 8; ++c)
-      *reinterpret_cast<float4 *>(&ws[(8 * lc + c) * 32 + 4 * lr]) =
+      *reinterpret_cast<float4 *>(&mine[proj_partial_at(8 * lc + c, 4 * lr)]) =
           make_float4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
     __syncthreads();
-    /* Thread: column tid / 8, rows 4 (tid % 8) .. + 3, summed over the warps;
-     * 8 threads store one column's 32 rows, consecutive in xp. */
     const int n = tid >> 3, r0 = 4 * (tid & 7);
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
-      const float4 v = *reinterpret_cast<const float4 *>(&smem[w * kProjWarpFloats + n * 32 + r0]);
+      const float4 v = *reinterpret_cast<const float4 *>(&partials[w * kProjBlockFloats + proj_partial_at(n, r0)]);
       sum.x += v.x;
       sum.y += v.y;
       sum.z += v.z;
       sum.w += v.w;
     }
-    if (n < cols) {
+    if (n < it.cols) {
       const float s[4] = {sum.x, sum.y, sum.z, sum.w};
-      E *dst = xp + ((int64_t)(t0 + n / B) * B + n % B) * H;
+      E *dst = xp + ((int64_t)(it.t0 + n / B) * B + n % B) * H;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = row0 + r0 + e;
+        const int row = it.row0 + r0 + e;
         if (row < H) {
           const float bias = b_ih != NULL ? to_accum(b_ih[row]) + to_accum(b_hh[row]) : 0.f;
           dst[row] = Round<E>::to(s[e] + bias);
         }
       }
     }
-    __syncthreads(); /* every store of the item done, and the staging free for the next */
+    __syncthreads(); /* every store of the item done, and the partial tiles free for the next */
     if (tid == 0) {
       __threadfence();
-      atomicAdd(&q.flags[chunk], 1u);
+      atomicAdd(&q.flags[it.chunk], 1u);
     }
+    item += workers;
+    if (item >= items) break;
+    it = proj_item(item, row_tiles, cs, T, B);
   }
+  if constexpr (sizeof(E) == 4) cp_async_wait_all();
 #endif
 }
 
 /* A consumer's wait for chunk `chunk` of xp (every row tile stored). */
 __device__ __forceinline__ void wait_projection(const InputProjection &q, int hidden, int chunk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(PRNN_PROJ_LAB_NO_WAIT) /* lab: time without waits */
   const unsigned want = (unsigned)((hidden + kProjTile - 1) / kProjTile);
   unsigned long long since = 0;
   for (unsigned round = 1; load_acquire_u32(&q.flags[chunk]) < want; ++round) watchdog(round, &since);
