@@ -220,7 +220,11 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--diag", action="store_true", help="only the per-step / per-call breakdown")
+    ap.add_argument("--host", metavar="DTYPE", help="only the host time of each piece of a module forward")
     args = ap.parse_args()
+    if args.host:
+        host_costs(args.host)
+        return
     if args.diag:
         host_costs()
         diagnose()

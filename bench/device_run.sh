@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [stages...]
-#   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab projlab profile fusedprobe sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab projlab plabablate profile fusedprobe sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
 # the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
@@ -75,10 +75,14 @@ for s in $stages; do
       done
       tar czf "$OUT/trace.tar.gz" -C "$OUT" trace && rm -r "$OUT/trace" ;;
     fusedprobe) # prnn::layer with its projection never / by rule / always fused, then ncu of the forced fused launch
-      for setting in 0 rule 1; do
-        if [ $setting = rule ]; then stage fused_$setting env -u PRNN_FUSED_PROJECTION python3 bench/fused_probe.py float32 ${PROBE_BATCHES:-1 2 4}
-        else stage fused_$setting env PRNN_FUSED_PROJECTION=$setting python3 bench/fused_probe.py float32 ${PROBE_BATCHES:-1 2 4}; fi
-        grep "^fused_probe" "$LOG/fused_$setting.log"
+      # PROBE_CASES: "dtype:hidden" pairs
+      for case in ${PROBE_CASES:-float32:1024}; do
+        for setting in 0 rule 1; do
+          name=fused_${case/:/_}_$setting
+          if [ $setting = rule ]; then unset_or_set=(-u PRNN_FUSED_PROJECTION); else unset_or_set=(PRNN_FUSED_PROJECTION=$setting); fi
+          stage $name env "${unset_or_set[@]}" python3 bench/fused_probe.py ${case%:*} ${case#*:} ${PROBE_BATCHES:-1 2 4}
+          grep "^fused_probe" "$LOG/$name.log"
+        done
       done
       [ -n "${PROBE_NCU:-}" ] || continue
       stage fusedncu env PRNN_FUSED_PROJECTION=1 ncu --set full --import-source yes --clock-control none \
@@ -99,6 +103,16 @@ for s in $stages; do
       build/plab sustain sustain | while read -r line; do echo "$(date +%H:%M:%S.%N | cut -c1-12) $line"; done
       kill $smi
       awk -F, '{print $1, $2, $3}' "$LOG/plab_clocks.log" | tr -s ' ' | paste -sd' ' | fold -w 4000 | head -c 6000; echo ;;
+    plabablate) # the producers alone with parts taken out (PRNN_PROJ_ABLATE bits), and module host costs
+      for a in ${PROJ_ABLATIONS:-0 1 2 4 6}; do
+        nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_ABLATE=$a bench/projection_lab.cu \
+          -o build/plab_a$a &
+      done
+      wait
+      for a in ${PROJ_ABLATIONS:-0 1 2 4 6}; do
+        stage plab_a$a build/plab_a$a ablate$a; grep -E "producers alone.*\"batch\": 4, \"producers\": 3" "$LOG/plab_a$a.log" | head -1
+      done
+      for dt in float32 bfloat16; do python3 bench/bench.py --host $dt; done ;;
     spread) # eager figures round to round, and the GPU-only time behind a spin
       stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5}
       grep "^spread" "$LOG/spread.log" ;;

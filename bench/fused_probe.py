@@ -1,9 +1,9 @@
-"""GPU time of prnn::layer (float32 unless told, H = I = 1024, T = 256) at a few
-batches, with the input projection fused or not as this process's
-PRNN_FUSED_PROJECTION says (0 never, 1 wherever a kernel can, unset the
-planner's rule): run it once per setting and compare.
+"""GPU time of prnn::layer (T = 256, I = H) at a few batches, with the input
+projection fused or not as this process's PRNN_FUSED_PROJECTION says (0
+never, 1 wherever a kernel can, unset the planner's rule): run it once per
+setting and compare.
 
-    PRNN_FUSED_PROJECTION=1 python3 bench/fused_probe.py [dtype] [batches...]
+    PRNN_FUSED_PROJECTION=1 python3 bench/fused_probe.py [dtype [hidden [batches...]]]
 """
 import os
 import sys
@@ -18,8 +18,9 @@ from bench import DTYPES, median_ms  # noqa: E402
 
 def main():
     dtype_name = sys.argv[1] if len(sys.argv) > 1 else "float32"
-    batches = [int(b) for b in sys.argv[2:]] or [1, 2, 4]
-    dtype, hidden, steps = DTYPES[dtype_name], 1024, 256
+    hidden = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+    batches = [int(b) for b in sys.argv[3:]] or [1, 2, 4]
+    dtype, steps = DTYPES[dtype_name], 256
     setting = os.environ.get("PRNN_FUSED_PROJECTION", "rule")
     for batch in batches:
         torch.manual_seed(0)

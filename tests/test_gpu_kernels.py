@@ -273,6 +273,7 @@ def test_fused_layer_choice():
     for B in (1, 2, 4):
         assert fused(1024, B, 1024) and fused(1152, B, 1152), B
     assert fused(1100, 2, 1100, torch.bfloat16) and fused(1025, 3, 129, torch.float16)
+    assert not fused(1152, 4, 1152, torch.bfloat16)  # 16-bit producers keep the tighter bound
     assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
     for B in (5, 6, 7, 17):
         assert not fused(1024, B, 1024), B

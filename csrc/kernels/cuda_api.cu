@@ -329,17 +329,20 @@ prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const De
 }
 
 /* Whether `producer_ctas` CTAs computing the input projection keep ahead of
- * the recurrence: a producer does its share of a step's projection (batch x
- * input x hidden FMAs) at about 1.6 times the rate a stepping CTA does its
- * rows x K extent (measured, bench/NOTES.md step 31: float32 H = I = 1024,
- * B = 4, 48 producer CTAs with 1.33 of a stepper's work each finished alone
- * in 0.82 of the recurrence's time, and the fused launch took 0.92 of the
- * GEMM and recurrence's), so each may take at most 1.4 of a stepper's, which
- * leaves room for the first chunk and for the steppers' slowdown beside them. */
+ * the recurrence: each does its share of a step's projection (batch x input x
+ * hidden FMAs) at some multiple of the rate a stepping CTA does its rows x K
+ * extent. float32 (staged by 16-byte copies): about 1.6 (bench/NOTES.md step
+ * 31: at H = I = 1024, B = 4, 48 producer CTAs with 1.33 of a stepper's work
+ * each finished alone in 0.82 of the recurrence's time, and the fused launch
+ * took 0.88 of the GEMM and recurrence's), so each may take up to 1.4 of a
+ * stepper's, which leaves room for the first chunk and for the steppers'
+ * slowdown beside them. The 16-bit dtypes (staged through registers) keep
+ * the bound measured before (step 30): 0.7. */
 bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_ctas, const ClusterCandidate &cand) {
   const int64_t tile = kProjTile;
   const int64_t work = pb->batch * ((input + tile - 1) / tile * tile) * ((pb->hidden + tile - 1) / tile * tile);
-  return 14 * (int64_t)producer_ctas * cand.rows * cand.k_extent >= 10 * work;
+  const int64_t tenths = pb->dtype == PRNN_DTYPE_FLOAT32 ? 14 : 7;
+  return tenths * producer_ctas * cand.rows * cand.k_extent >= 10 * work;
 }
 
 /* The cluster tier, on a device with cluster launches. A step costs less the

@@ -5,29 +5,38 @@
  * of steps by chunk of steps, while the other clusters step through the
  * chunks already done. It saves the separate GEMM's launches on the host
  * and, where the producers keep ahead (the planner's projection_keeps_up),
- * its time on the GPU (0.24 us/step in float32 at B = 4, H = 1024, where
- * they do not yet: bench/NOTES.md step 30).
+ * its time on the GPU (0.24 us/step in float32 at B = 4, H = 1024:
+ * bench/NOTES.md steps 30 and 31).
  *
  * The work: xp [steps][batch][hidden] (E, contiguous, in the workspace) as
  * items of 32 rows (of W_ih) by the 32 columns (step, sequence) of a chunk
  * of 32 / batch steps, taken in chunk order by producer CTA j = j, j + P, ...
  * A CTA's 8 warps split an item's K (the input size) in blocks of 32; each
- * warp stages its block of W_ih and x as float32, k-major, in its own 8 KiB
- * buffer of shared memory (two, alternating, for float32, which cp.async
- * fills while the other is multiplied; the 16-bit dtypes load the next block
- * into registers instead) and accumulates a 4 x 8 tile per lane; the 8 partial
- * tiles are summed through shared memory, the biases added, the result
- * rounded to E and stored, and then the chunk's flag counts the item:
- * __syncthreads (every store of the CTA done), a GPU-scope fence, an atomic
- * add. A consumer waits (acquire) until its chunk's flag counts every row
- * tile, then reads xp with ld.global.cg: L1 is not coherent, and a line it
- * read before the flag could straddle into the next chunk.
+ * warp stages its blocks of W_ih and x as float32, row-major with swizzled
+ * 16-byte chunks (proj_at), in its own shared memory, the next block (of this
+ * item or the next) on its way while one is multiplied - float32 by cp.async
+ * into a second buffer, the 16-bit dtypes through registers - and accumulates
+ * a 4 x 8 tile per lane; the 8 partial tiles are summed through shared
+ * memory, the biases added, the result rounded to E and stored, and then the
+ * chunk's flag counts the item: __syncthreads (every store of the CTA done),
+ * a GPU-scope fence, an atomic add. A consumer waits (acquire) until its
+ * chunk's flag counts every row tile, then reads xp with ld.global.cg: L1 is
+ * not coherent, and a line it read before the flag could straddle into the
+ * next chunk.
  */
 #ifndef PRNN_PROJECTION_CUH
 #define PRNN_PROJECTION_CUH
 
 #include "persistent.cuh"
 #include "rnn_math.cuh"
+
+/* Experiments only (bench/projection_lab.cu): bits that take a part out of
+ * a producer's item - 1: the GPU fence before the chunk flag, 2: the
+ * multiply's shared-memory loads (each block's first operands reused),
+ * 4: the staging copies. Always 0 in the library. */
+#ifndef PRNN_PROJ_ABLATE
+#define PRNN_PROJ_ABLATE 0
+#endif
 
 namespace prnn {
 
@@ -159,6 +168,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
    * (columns) 4 i + lane / 8; otherwise lane copies k = kb + lane of each. */
   float w_next[sizeof(E) == 4 ? 1 : 32], x_next[sizeof(E) == 4 ? 1 : 32];
   auto stage = [&](const ProjItem &it, int kb, int buf) {
+    if (PRNN_PROJ_ABLATE & 4) return;
     float *wb = ws + buf * 2 * kProjBlockFloats, *xb = wb + kProjBlockFloats;
     const E *x_chunk = X + (int64_t)it.t0 * q.x_stride_t;
     if constexpr (sizeof(E) == 4) {
@@ -195,22 +205,24 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
   float acc[4][8];
   /* The multiply of one staged block, 4 k at a time: 4 rows and 8 columns of 16 bytes each. */
   auto multiply = [&](const float *wb, const float *xb) {
+    float4 a[4], x[8];
 #pragma unroll 2
     for (int kq = 0; kq < kProjTile; kq += 4) {
-      float4 a[4], x[8];
+      if (!(PRNN_PROJ_ABLATE & 2) || kq == 0) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
+        for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
 #pragma unroll
-      for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
+        for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
+      }
+      /* k outermost: the 32 FMAs in a row update 32 different sums */
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          acc[j][c] = fmaf(a[j].x, x[c].x, acc[j][c]);
-          acc[j][c] = fmaf(a[j].y, x[c].y, acc[j][c]);
-          acc[j][c] = fmaf(a[j].z, x[c].z, acc[j][c]);
-          acc[j][c] = fmaf(a[j].w, x[c].w, acc[j][c]);
-        }
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+            acc[j][c] = fmaf(reinterpret_cast<const float *>(&a[j])[kk], reinterpret_cast<const float *>(&x[c])[kk],
+                             acc[j][c]);
     }
   };
 
@@ -227,7 +239,8 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
     for (int b = 0; b < blocks; ++b) {
       /* the block after this one: this item's next, or the next item's first */
       const bool last = b + 1 == blocks, more = !last || item + workers < items;
-      const ProjItem next = last ? proj_item(item + workers, row_tiles, cs, T, B) : it;
+      ProjItem next = it;
+      if (last) next = proj_item(item + workers, row_tiles, cs, T, B);
       const int next_kb = last ? k_first : k_first + (b + 1) * kstep;
       if constexpr (sizeof(E) == 4) {
         if (more) stage(next, next_kb, buf ^ 1);
@@ -284,7 +297,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
     }
     __syncthreads(); /* every store of the item done, and the partial tiles free for the next */
     if (tid == 0) {
-      __threadfence();
+      if (!(PRNN_PROJ_ABLATE & 1)) __threadfence();
       atomicAdd(&q.flags[it.chunk], 1u);
     }
     item += workers;
