@@ -74,7 +74,7 @@ for s in $stages; do
         grep "==" "$LOG/trace_$dt.log"
       done
       tar czf "$OUT/trace.tar.gz" -C "$OUT" trace && rm -r "$OUT/trace" ;;
-    fusedprobe) # prnn::layer with its projection never / by rule / always fused, then ncu of the forced fused launch
+    fusedprobe) # prnn::layer with its projection never / by rule / always fused (ncu cannot profile that launch)
       # PROBE_CASES: "dtype:hidden" pairs
       for case in ${PROBE_CASES:-float32:1024}; do
         for setting in 0 rule 1; do
@@ -83,13 +83,7 @@ for s in $stages; do
           stage $name env "${unset_or_set[@]}" python3 bench/fused_probe.py ${case%:*} ${case#*:} ${PROBE_BATCHES:-1 2 4}
           grep "^fused_probe" "$LOG/$name.log"
         done
-      done
-      [ -n "${PROBE_NCU:-}" ] || continue
-      stage fusedncu env PRNN_FUSED_PROJECTION=1 ncu --set full --import-source yes --clock-control none \
-        --kernel-name regex:cluster_ffma --launch-skip 2 --launch-count 1 -f -o "$OUT/fused" \
-        python3 bench/profile_step.py float32 ${PROFILE_BATCH:-4} layer
-      ncu -i "$OUT/fused.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$OUT/fused_source.csv.gz"
-      ncu -i "$OUT/fused.ncu-rep" --page details 2>&1 | grep -E "Duration|Stall|Issued|Eligible|L2 Hit|Mem Busy|Bank|Wavefront" | head -40 ;;
+      done ;;
     projlab) # the fused layer's kernel alone: recurrence, producers alone, both (bench/projection_lab.cu)
       nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab &
       nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_LAB_NO_WAIT bench/projection_lab.cu \

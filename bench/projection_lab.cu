@@ -5,14 +5,12 @@
  * producer clusters launched: their throughput), (c) both in one launch.
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab
- *   build/plab <label> [sustain | ncu]
+ *   build/plab <label> [sustain]
  * Prints one line per case: microseconds per launch and per step; with
  * "sustain", runs the recurrence alone and fused in turn for about a second
- * each (for nvidia-smi's clock and power readings beside it); with "ncu",
- * only the producers at B = 4 (for ncu --launch-skip 2 --launch-count 1).
+ * each (for nvidia-smi's clock and power readings beside it).
  */
 #include <cstdio>
-#include <cstring>
 
 #include "cluster_ffma.cuh"
 #include "lab_common.h"
@@ -64,10 +62,6 @@ int main(int argc, char **argv) {
            label, what, batch, producers, us, us / steps,
            producers > 0 ? 2e-3 * steps * batch * (double)input * hidden / us : 0.0);
   };
-  if (argc > 2 && strcmp(argv[2], "ncu") == 0) { /* the producers alone at B = 4, for a profiler */
-    for (int i = 0; i < 3; ++i) time_us(room - 4, 4, false);
-    return 0;
-  }
   if (argc > 2) { /* "sustain": ~1 s of each case back to back, for a clock and power trace beside it */
     for (int rounds = 0; rounds < 3; ++rounds) {
       for (int i = 0; i < 300; ++i) time_us(0, 4, true);

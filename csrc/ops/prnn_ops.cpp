@@ -345,12 +345,7 @@ prnn_forward_args_t forward_args(const at::Tensor& xp, const at::Tensor& h0,
   args.xp = xp.const_data_ptr();
   args.xp_stride_t = xp.stride(0);
   args.xp_stride_b = xp.stride(1);
-  args.h0 = h0.const_data_ptr();
-  args.h0_stride_b = h0.stride(0);
-  args.w_hh = w_hh.const_data_ptr();
-  args.w_hh_stride = w_hh.stride(0);
-  args.lengths = lengths.defined() ? lengths.const_data_ptr<int32_t>() : nullptr;
-  args.y = y.mutable_data_ptr();
+  set_recurrence_args(args, h0, w_hh, lengths, y);
   return args;
 }
 

@@ -42,6 +42,17 @@ at::Tensor unit_last_stride(const at::Tensor& t);
 
 // The C API's argument structs; every tensor has a unit-stride last dimension
 // and `lengths` is int32 in the memory of the device that runs the pass.
+// The recurrence's fields, which prnn_forward_args_t and prnn_layer_args_t share.
+template <typename Args>
+void set_recurrence_args(Args& args, const at::Tensor& h0, const at::Tensor& w_hh, const at::Tensor& lengths,
+                         const at::Tensor& y) {
+  args.h0 = h0.const_data_ptr();
+  args.h0_stride_b = h0.stride(0);
+  args.w_hh = w_hh.const_data_ptr();
+  args.w_hh_stride = w_hh.stride(0);
+  args.lengths = lengths.defined() ? lengths.const_data_ptr<int32_t>() : nullptr;
+  args.y = y.mutable_data_ptr();
+}
 prnn_forward_args_t forward_args(const at::Tensor& xp, const at::Tensor& h0,
                                  const at::Tensor& w_hh, const at::Tensor& lengths,
                                  const at::Tensor& y);

@@ -78,12 +78,7 @@ at::Tensor layer_cuda(const at::Tensor& x, const at::Tensor& w_ih,
   args.w_ih_stride = w_ih_.stride(0);
   args.b_ih = b_ih_.defined() ? b_ih_.const_data_ptr() : nullptr;
   args.b_hh = b_hh_.defined() ? b_hh_.const_data_ptr() : nullptr;
-  args.h0 = h0_.const_data_ptr();
-  args.h0_stride_b = h0_.stride(0);
-  args.w_hh = w_hh_.const_data_ptr();
-  args.w_hh_stride = w_hh_.stride(0);
-  args.lengths = lengths32.defined() ? lengths32.const_data_ptr<int32_t>() : nullptr;
-  args.y = y.mutable_data_ptr();
+  set_recurrence_args(args, h0_, w_hh_, lengths32, y);
   check_status(op, prnn_layer_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                            current_stream()));
   return y;
