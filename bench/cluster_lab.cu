@@ -23,10 +23,10 @@
 using namespace prnn;
 
 /* The kernel with its attributes set; *room = how many of its clusters the device holds at once. */
-template <int KT>
+template <int KT, int ROWS>
 static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams) {
-  void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT>;
-  const int smem = cluster_smem_bytes(128 * KT), ctas = (hidden + 63) / 64;
+  void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT, ROWS>;
+  const int smem = cluster_smem_bytes(128 * KT, ROWS), ctas = (hidden + ROWS - 1) / ROWS;
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchAttribute attr;
@@ -35,33 +35,34 @@ static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams) {
   return fn;
 }
 
-template <int KT>
+template <int KT, int ROWS>
 static float time_ms(void (*fn)(RecurrenceParams), int steps, int batch, int group, int hidden, void *a, void *in,
                      void *h0, void *out) {
   RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
   p.group_seqs = group;
-  const int ctas = (hidden + 63) / 64, groups = (batch + group - 1) / group;
+  const int ctas = (hidden + ROWS - 1) / ROWS, groups = (batch + group - 1) / group;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(ctas * groups, ctas, cluster_smem_bytes(128 * KT), 0, &attr);
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(ctas * groups, ctas, cluster_smem_bytes(128 * KT, ROWS), 0, &attr);
   return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
 }
 
 /* `group`: sequences per cluster (the library spreads a batch over as many clusters as fit at
  * once, `room`; more clusters than that run in `waves`). */
-template <int KT>
+template <int KT, int ROWS = 64>
 static void run(const char *label, int batch, int hidden, int group = 8) {
   if (group < 1 || group > kClusterSeqs) {
     fprintf(stderr, "group must be in 1..%d, got %d\n", kClusterSeqs, group);
     exit(1);
   }
   int room;
-  void (*fn)(RecurrenceParams) = prepared_kernel<KT>(hidden, &room);
+  void (*fn)(RecurrenceParams) = prepared_kernel<KT, ROWS>(hidden, &room);
   const int groups = (batch + group - 1) / group, waves = (groups + room - 1) / room;
   const int big = 1024;
   const DenseBuffers b(big, batch, hidden, 2, 0x3c, 0); /* bf16 0x3c3c = 0.0115 */
-  const float short_ms = time_ms<KT>(fn, 64, batch, group, hidden, b.a, b.in, b.h0, b.out);
-  const float long_ms = time_ms<KT>(fn, big, batch, group, hidden, b.a, b.in, b.h0, b.out);
-  const float one_ms = time_ms<KT>(fn, 1, batch, group, hidden, b.a, b.in, b.h0, b.out);
+  const float short_ms = time_ms<KT, ROWS>(fn, 64, batch, group, hidden, b.a, b.in, b.h0, b.out);
+  const float long_ms = time_ms<KT, ROWS>(fn, big, batch, group, hidden, b.a, b.in, b.h0, b.out);
+  const float one_ms = time_ms<KT, ROWS>(fn, 1, batch, group, hidden, b.a, b.in, b.h0, b.out);
   printf("{\"label\": \"%s\", \"hidden\": %d, \"batch\": %d, \"group\": %d, \"clusters\": %d, \"room\": %d, "
          "\"waves\": %d, \"us_per_step\": %.3f, \"intercept_us\": %.1f, \"t1_us\": %.1f}\n", label, hidden, batch,
          group, groups, room, waves, 1000.f * (long_ms - short_ms) / (big - 64),
@@ -160,6 +161,12 @@ int main(int argc, char **argv) {
   run<8>(label, 8, 1024, 1);
   run<8>(label, 16, 1024, 2);
   run<8>(label, 32, 1024, 4);
+  /* 72 rows a CTA: H = 1152 on 16 CTAs */
+  run<9, 72>(label, 4, 1152, 1);
+  run<9, 72>(label, 1, 1152);
+  run<9, 72>(label, 8, 1152, 1);
+  run<9, 72>(label, 16, 1152, 2);
+  run<9, 72>(label, 16, 1152);
 #if PRNN_CLUSTER_ABLATE == 0 /* the FFMA kernel has no ablation bits */
   run_ffma<float, 8, 8, 6>(label, "f32", 4, 1024);
   run_ffma<float, 8, 8, 6>(label, "f32", 1, 1024);
@@ -167,8 +174,6 @@ int main(int argc, char **argv) {
   run_ffma<float, 4, 8, 8>(label, "f32", 4, 512);
   run_ffma<float, 2, 8, 8>(label, "f32", 4, 256);
   run_ffma<float, 9, 9, 5>(label, "f32", 4, 1152);
-  run_ffma<__nv_bfloat16, 9, 9, 9>(label, "bf16 ffma", 4, 1152);
-  run_ffma<__half, 9, 9, 9>(label, "f16 ffma", 4, 1152);
   for (int batch : {1, 4, 8, 16}) run_grid<float>(label, "f32", batch, 2048);
   for (int batch : {1, 4, 8, 16}) run_grid<__nv_bfloat16>(label, "bf16", batch, 2048);
   run_grid<__half>(label, "f16", 8, 2048);

@@ -23,8 +23,9 @@ CASES = [  # (T, B, H, dtype, with lengths)
     (3, 17, 1024, torch.float32, True),  # float32 cluster tier, more clusters than fit at once
     (3, 3, 500, torch.float32, True),  # float32 cluster tier, all rows in registers
     (3, 3, 1100, torch.float32, True),  # the FFMA kernel at 72 rows a CTA
-    (3, 4, 1152, torch.bfloat16, True),
+    (3, 4, 1152, torch.bfloat16, True),  # the tensor-core kernel at 72 rows a CTA
     (3, 2, 1025, torch.float16, False),
+    (3, 12, 1100, torch.bfloat16, True),  # the same, 6 clusters of 2 sequences
     (3, 4, 2048, torch.float32, False),
     (3, 6, 2048, torch.float32, True),  # the cluster grid (cluster_grid.cuh)
     (3, 9, 1300, torch.bfloat16, True),  # the cluster grid, two groups of sequences
@@ -52,7 +53,7 @@ for T, B, H, dtype, with_lengths in CASES:
 LAYER_CASES = [  # (T, B, I, H, dtype, with lengths): the projection fused, several chunks of steps; small, as
     # racecheck slows the producers' shared-memory traffic past the steppers' 20 s watchdog at I = 1000, T = 40
     (20, 4, 36, 1024, torch.float32, True),
-    (9, 3, 33, 1100, torch.bfloat16, False),
+    (9, 3, 33, 1100, torch.float32, False),
     (70, 1, 7, 129, torch.float32, False),
 ]
 

@@ -133,13 +133,12 @@ def test_on_chip_coverage():
 
 
 def test_cluster_tier_choice():
-    """On sm_90, H up to 1152 runs on clusters of at least two CTAs. The
-    16-bit dtypes up to H = 1024 take the tensor-core kernel, 64 rows a CTA,
-    1 to 8 sequences per cluster: as few as the device's room for clusters
-    allows. float32, and the 16-bit dtypes past 1024, take the FFMA kernel:
-    64 rows a CTA up to H = 1024 and 72 past it, one sequence per cluster,
-    and a batch past the room runs as clusters free. Larger H keeps the
-    grid-wide kernel."""
+    """On sm_90, H up to 1152 runs on clusters of at least two CTAs, 64
+    rows a CTA up to H = 1024 and 72 past it. The 16-bit dtypes take the
+    tensor-core kernel, 1 to 8 sequences per cluster: as few as the device's
+    room for clusters allows. float32 takes the FFMA kernel, one sequence per
+    cluster, and a batch past the room runs as clusters free. Larger H keeps
+    the grid-wide kernel."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -153,7 +152,7 @@ def test_cluster_tier_choice():
                 ctas = max(2, -(-H // rows))
                 groups, rest = divmod(p["grid"], ctas)
                 assert rest == 0 and -(-B // 8) <= groups <= B and p["workspace_bytes"] == 0, p
-                if dtype == torch.float32 or H > 1024:
+                if dtype == torch.float32:
                     assert groups == B, (H, B, p)
                 else:  # one sequence per cluster if they all fit at once; groups of 8 only when they must
                     assert groups == B or groups == -(-B // 8) or groups * ctas <= sms, (H, B, p)
@@ -206,20 +205,22 @@ def test_cluster_grid(dtype, H, B, nonlinearity):
         check_backward(T, B, H, dtype, nonlinearity, lengths=lengths, seed=H + B)
 
 
-FFMA_CASES = [(torch.float32, H) for H in (1, 7, 64, 65, 129, 256, 257, 500, 512, 513, 1000, 1024, 1025, 1100,
-                                            1151, 1152)] + [
-    (dtype, H) for dtype in (torch.bfloat16, torch.float16) for H in (1025, 1100, 1151, 1152)]
+CLUSTER_CASES = [(torch.float32, H) for H in (1, 7, 64, 65, 129, 256, 257, 500, 512, 513, 1000, 1024, 1025, 1100,
+                                               1151, 1152)] + [
+    (dtype, H) for dtype in (torch.bfloat16, torch.float16) for H in (7, 65, 257, 513, 1000, 1025, 1100, 1151, 1152)]
 
 
-@pytest.mark.parametrize("dtype,H", FFMA_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype,H", CLUSTER_CASES, ids=lambda v: str(v))
 @pytest.mark.parametrize("B", [1, 3, 17])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
-def test_cluster_ffma(dtype, H, B, nonlinearity):
-    """The FFMA cluster kernel, every shape: float32 with all 8 rows of a
-    warp in registers up to H = 512, 6 of 8 up to 1024, 5 of 9 up to 1152;
-    the 16-bit dtypes past 1024 with all 9 in registers. B = 17 is more
-    clusters than the H200 holds at once at H >= 1024 (7). Forward and
-    backward with lengths, against float64."""
+def test_cluster_kernels(dtype, H, B, nonlinearity):
+    """The cluster kernels, every shape: the FFMA kernel (float32) with all
+    8 rows of a warp in registers up to H = 512, 6 of 8 up to 1024, 5 of 9
+    up to 1152; the tensor-core kernel (16-bit) at 64 rows a CTA up to 1024
+    and 72 past it (4 m-tiles and half of a fifth, an odd count of k-tiles).
+    B = 17 is more clusters than the H200 holds at once at H >= 1024 (7), in
+    groups of 3 sequences on the tensor-core kernel. Forward and backward
+    with lengths, against float64."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda")["tier"] == "persistent_cluster"
@@ -272,14 +273,13 @@ def test_fused_layer_choice():
 
     for B in (1, 2, 4):
         assert fused(1024, B, 1024) and fused(1152, B, 1152), B
-    assert fused(1100, 2, 1100, torch.bfloat16) and fused(1025, 3, 129, torch.float16)
-    assert not fused(1152, 4, 1152, torch.bfloat16)  # 16-bit producers keep the tighter bound
+    for dtype in (torch.bfloat16, torch.float16):  # the tensor-core kernel, up to H = 1152
+        assert not fused(1100, 2, 1100, dtype) and not fused(1024, 1, 1024, dtype)
     assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
     for B in (5, 6, 7, 17):
         assert not fused(1024, B, 1024), B
     assert fused(7, 8, 1) and not fused(7, 33, 1)  # an item's 32 columns hold a whole step
     assert not fused(1024, 4, 20000) and not fused(1024, 4, 2048)  # the projection would outrun the producers
-    assert not fused(1024, 4, 1024, torch.bfloat16)  # the tensor-core kernel
     assert not fused(64, 4, 64, torch.float64) and not fused(2048, 4, 2048)
     assert not fused(1024, 4, 1024, backward=True) and not fused(1024, 4, 0)
     p = torch_prnn.plan(1024, batch=2, steps=256, device="cuda", input_size=1024)
@@ -289,8 +289,8 @@ def test_fused_layer_choice():
 FUSED_CASES = [  # (dtype, H, I, B): the FFMA kernel's shapes, odd input sizes, the largest batches fused
     (torch.float32, 1024, 1024, 4), (torch.float32, 1024, 1000, 1), (torch.float32, 1000, 7, 3),
     (torch.float32, 129, 1000, 2), (torch.float32, 1152, 33, 4), (torch.float32, 1, 1, 1), (torch.float32, 7, 1, 3),
-    (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.bfloat16, 1100, 1100, 2),
-    (torch.float16, 1025, 129, 3)]
+    (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.float32, 1100, 1100, 2),
+    (torch.float32, 1025, 129, 3)]
 
 
 @pytest.mark.parametrize("dtype,H,I,B", FUSED_CASES, ids=lambda v: str(v))

@@ -10,14 +10,16 @@
  * launcher makes the groups as small as the device's room for clusters
  * allows (a step's exchange carries only a group's sequences).
  *
- * CTA c of a cluster owns rows [64c, 64c + 64) of A. Its 8 warps split K:
- * warp w holds the A fragments of its 4 m-tiles for k-tiles [w*KT, w*KT + KT).
+ * CTA c of a cluster owns rows [R c, R c + R) of A, R = 64 (4 m-tiles) or 72
+ * (4 m-tiles and half of a fifth, whose padding rows take no registers: 16
+ * CTAs then cover H = 1152). Its 8 warps split K: warp w holds the A
+ * fragments of its m-tiles for k-tiles [w*KT, w*KT + KT).
  * Every CTA keeps the whole previous state s_{t-1}, [8 sequences][K] 16-bit,
  * in its own shared memory. One step:
  *   ldmatrix s_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> warp partial sums
- *   to shared memory -> warp n sums the 8 warps' partials of sequence n's 64
+ *   to shared memory -> warp n sums the 8 warps' partials of sequence n's R
  *   rows, applies the activation and writes out[t] (warps past the group's
- *   live sequences skip this) -> the CTA's 64-row slice of s_t goes into every CTA's
+ *   live sequences skip this) -> the CTA's R-row slice of s_t goes into every CTA's
  *   shared memory by st.async (distributed shared memory), 16 bytes (8 rows
  *   of one sequence) a store and only the group's live sequences, each store
  *   counting its bytes down on an mbarrier of the receiver.
@@ -47,48 +49,49 @@
 
 namespace prnn {
 
-/* Fixed geometry: 8 warps, 64 rows (4 m-tiles of 16) per CTA, 8 sequences (mma n = 8) per cluster. */
+/* Fixed geometry: 8 warps, 8 sequences (mma n = 8) per cluster; rows per CTA are compiled (64 or 72). */
 const int kClusterThreads = 256;
 const int kClusterWarps = 8;
-const int kClusterRows = 64;
 const int kClusterSeqs = 8;
 const int kClusterMaxCtas = 16;
 
-/* A compiled K extent: 8 warps x KT k-tiles x 16 = 128 * KT columns. */
+/* A compiled shape: K extent 8 warps x KT k-tiles x 16 = 128 * KT columns, `rows` rows of A per CTA. */
 struct ClusterConfig {
   int k_tiles; /* KT per warp */
+  int rows;    /* R */
   PersistentKernel kernel;
 };
 
 /* Row pitches (16-bit elements) of the state ([8][K + 8]) and of the outgoing
- * slice ([8][64 + 8]): 16 bytes of padding keep ldmatrix and the epilogue's
+ * slice ([8][R + 8]): 16 bytes of padding keep ldmatrix and the epilogue's
  * stores free of bank conflicts and every row 16-byte aligned. */
 __host__ __device__ constexpr int cluster_state_pitch(int k_extent) { return k_extent + 8; }
-const int kClusterSlicePitch = kClusterRows + 8;
-/* Row pitch (fp32) of the warps' partial sums [8 warps][8 sequences][64 + 4]:
- * the mma's C fragments go in as scalar stores that hit 32 different banks. */
-const int kClusterPartialPitch = kClusterRows + 4;
+__host__ __device__ constexpr int cluster_slice_pitch(int rows) { return rows + 8; }
+/* Row pitch (fp32) of the warps' partial sums [8 warps][8 sequences][R + 4]:
+ * the mma's C fragments go in as scalar stores that hit 32 different banks
+ * (sequence 2q's row starts 8q or 24q banks on, row g adds g). */
+__host__ __device__ constexpr int cluster_partial_pitch(int rows) { return rows + 4; }
 
-/* Dynamic shared memory of the kernel for a K extent: first the mbarriers
+/* Dynamic shared memory of the kernel for a K extent and R: first the mbarriers
  * [2 buffers][8 warps], a space of their own (no other access ever touches
  * them); then, while stepping, two state buffers [8][K + 8] 16-bit, the warps'
- * partial sums [8][8][64 + 4] fp32 and the outgoing slice [8][72] 16-bit; before
+ * partial sums [8][8][R + 4] fp32 and the outgoing slice [8][R + 8] 16-bit; before
  * stepping, the same space stages A (cluster_stage_smem). */
 const int kClusterBarBytes = 2 * kClusterWarps * 8;
-__host__ __device__ constexpr int cluster_step_smem(int k_extent) {
-  return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 + kClusterWarps * kClusterSeqs * kClusterPartialPitch * 4 +
-         kClusterSeqs * kClusterSlicePitch * 2;
+__host__ __device__ constexpr int cluster_step_smem(int k_extent, int rows) {
+  return 2 * kClusterSeqs * cluster_state_pitch(k_extent) * 2 +
+         kClusterWarps * kClusterSeqs * cluster_partial_pitch(rows) * 4 + kClusterSeqs * cluster_slice_pitch(rows) * 2;
 }
-/* The A staging area: [64][K + 8] forward (rows of W_hh contiguous), [K][64 + 8]
+/* The A staging area: [R][K + 8] forward (rows of W_hh contiguous), [K][R + 8]
  * backward (A = W_hh^T, whose columns are contiguous): either way 16-byte
- * stores along the contiguous dimension, free of bank conflicts. */
-__host__ __device__ constexpr int cluster_stage_smem(int k_extent) {
-  return (kClusterRows * (k_extent + 8) > k_extent * (kClusterRows + 8) ? kClusterRows * (k_extent + 8)
-                                                                         : k_extent * (kClusterRows + 8)) * 2;
+ * stores along the contiguous dimension, free of bank conflicts at R = 64. */
+__host__ __device__ constexpr int cluster_stage_smem(int k_extent, int rows) {
+  return (rows * (k_extent + 8) > k_extent * (rows + 8) ? rows * (k_extent + 8) : k_extent * (rows + 8)) * 2;
 }
-__host__ __device__ constexpr int cluster_smem_bytes(int k_extent) {
-  return kClusterBarBytes + (cluster_step_smem(k_extent) > cluster_stage_smem(k_extent) ? cluster_step_smem(k_extent)
-                                                                                        : cluster_stage_smem(k_extent));
+__host__ __device__ constexpr int cluster_smem_bytes(int k_extent, int rows) {
+  return kClusterBarBytes + (cluster_step_smem(k_extent, rows) > cluster_stage_smem(k_extent, rows)
+                                 ? cluster_step_smem(k_extent, rows)
+                                 : cluster_stage_smem(k_extent, rows));
 }
 
 /* The launch of `grid` CTAs of kClusterThreads threads in clusters of `ctas`
@@ -211,6 +214,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
 }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t addr, uint32_t &r0, uint32_t &r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
                                                   uint32_t &r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -218,19 +228,21 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, u
 }
 #endif
 
-template <typename E, int KT>
+template <typename E, int KT, int ROWS>
 __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const RecurrenceParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int MT = kClusterRows / 16; /* m-tiles per CTA */
+  constexpr int MT = ROWS / 16;          /* whole m-tiles per CTA */
+  constexpr bool HALF = ROWS % 16 == 8;  /* and rows 16 MT .. + 8 as half of one more */
   constexpr int KEXT = kClusterWarps * KT * 16;
   constexpr int SPITCH = cluster_state_pitch(KEXT);
-  constexpr int OPT = kClusterRows * kClusterSeqs / kClusterThreads; /* outputs per thread */
-  static_assert(KT % 2 == 0 && OPT * kClusterThreads == kClusterRows * kClusterSeqs, "bad cluster shape");
+  constexpr int PPITCH = cluster_partial_pitch(ROWS), SLPITCH = cluster_slice_pitch(ROWS);
+  constexpr int OPT = (ROWS + 31) / 32;  /* outputs per thread: rows lane + 32 i of its warp's sequence */
+  static_assert(ROWS % 8 == 0 && MT >= 1 && OPT <= 3, "bad cluster shape");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
-  const int row0 = (int)rank * kClusterRows;
+  const int row0 = (int)rank * ROWS;
   if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
   if (PRNN_CLUSTER_ABLATE & 16) return;
   const int seq0 = (int)cluster_index() * p.group_seqs;
@@ -240,19 +252,21 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   typed_tensors(p, out, in, yfwd, h0);
 
   /* shared memory: bars[2][8] mbarriers, then state[2][8][SPITCH] 16-bit,
-   * partial[8 warps][8 sequences][64 + 4] fp32, slice[8][72] 16-bit (or the A staging area) */
+   * partial[8 warps][8 sequences][PPITCH] fp32, slice[8][SLPITCH] 16-bit (or the A staging area) */
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
   unsigned char *space = smem + kClusterBarBytes;
   unsigned short *state = reinterpret_cast<unsigned short *>(space);
   float *partial = reinterpret_cast<float *>(space + 2 * kClusterSeqs * SPITCH * 2);
-  unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterSeqs * kClusterPartialPitch);
+  unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kClusterWarps * kClusterSeqs * PPITCH);
 
   /* A fragments (mma row-major 16x16): a[m][kt] = rows 16m + {g, g+8}, k = 16(w KT + kt) + {2q, 2q+8} (+1).
    * Staged through shared memory (coalesced global reads, then ldmatrix) so the
-   * prologue needs no more registers than the fragments themselves. */
+   * prologue needs no more registers than the fragments themselves. The half
+   * tile keeps only its live rows' registers (a0, a2; a1 and a3 are zero). */
   const int g = lane >> 2, q = lane & 3;
   uint32_t a[MT][KT][4];
+  uint32_t a_half[HALF ? KT : 1][2];
   {
     unsigned short *stage = reinterpret_cast<unsigned short *>(space); /* cluster_stage_smem: padded, no bank conflicts */
     const E *A = static_cast<const E *>(p.a);
@@ -264,22 +278,23 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     const bool wide = (k_fastest || p.a_stride_row == 1) && line_stride % 8 == 0 &&
                       (reinterpret_cast<uintptr_t>(A) & 15) == 0;
     constexpr int CHUNK = 8, INFLIGHT = 8;
-    constexpr int ROUNDS = kClusterRows * KEXT / (CHUNK * kClusterThreads * INFLIGHT);
-    static_assert(ROUNDS * CHUNK * kClusterThreads * INFLIGHT == kClusterRows * KEXT, "bad staging split");
-    /* chunk c: forward (row c / (KEXT/8), k 8 (c % (KEXT/8)) + j); backward (row 8 (c % 8) + j, k c / 8) */
+    constexpr int CHUNKS = ROWS * KEXT / CHUNK;
+    constexpr int ROUNDS = (CHUNKS + kClusterThreads * INFLIGHT - 1) / (kClusterThreads * INFLIGHT);
+    /* chunk c: forward (row c / (KEXT/8), k 8 (c % (KEXT/8)) + j); backward (row 8 (c % (R/8)) + j, k c / (R/8)) */
     auto chunk_origin = [&](int c, int &r, int &k) {
-      r = k_fastest ? c / (KEXT / CHUNK) : (c % (kClusterRows / CHUNK)) * CHUNK;
-      k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (kClusterRows / CHUNK);
+      r = k_fastest ? c / (KEXT / CHUNK) : (c % (ROWS / CHUNK)) * CHUNK;
+      k = k_fastest ? (c % (KEXT / CHUNK)) * CHUNK : c / (ROWS / CHUNK);
     };
     for (int round = 0; round < ROUNDS; ++round) {
       uint4 v[INFLIGHT];
 #pragma unroll
       for (int u = 0; u < INFLIGHT; ++u) {
         int r, k;
-        chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+        const int c = (round * INFLIGHT + u) * kClusterThreads + tid;
+        chunk_origin(c, r, k);
         const int i = row0 + r;
         const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
-        if (PRNN_CLUSTER_ABLATE & 8) {
+        if ((PRNN_CLUSTER_ABLATE & 8) || c >= CHUNKS) { /* past the last chunk when R K / 8 is not a whole number of rounds */
           v[u] = make_uint4(0, 0, 0, 0);
         } else if (wide && last_i < H && last_k < H) {
           v[u] = *reinterpret_cast<const uint4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
@@ -301,9 +316,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 #pragma unroll
       for (int u = 0; u < INFLIGHT; ++u) {
         int r, k;
-        chunk_origin((round * INFLIGHT + u) * kClusterThreads + tid, r, k);
+        const int c = (round * INFLIGHT + u) * kClusterThreads + tid;
+        if (c >= CHUNKS) break;
+        chunk_origin(c, r, k);
         /* forward [r][k], chunk = k .. k+7 of row r; backward [k][r], chunk = rows r .. r+7 of column k */
-        unsigned short *dst = k_fastest ? stage + r * (KEXT + 8) + k : stage + k * (kClusterRows + 8) + r;
+        unsigned short *dst = k_fastest ? stage + r * (KEXT + 8) + k : stage + k * (ROWS + 8) + r;
         *reinterpret_cast<uint4 *>(dst) = v[u];
       }
     }
@@ -321,10 +338,23 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
                       a[m][kt][3]);
         } else { /* [k][r]: lane l points at k row k0 + l % 8 + 8 (l / 16), rows 16m + 8 (l / 8 % 2); .trans */
           const int k = k0 + (lane & 7) + 8 * (lane >> 4), r = 16 * m + 8 * ((lane >> 3) & 1);
-          ldmatrix_x4_trans(stage_base + (uint32_t)((k * (kClusterRows + 8) + r) * 2), a[m][kt][0], a[m][kt][1],
+          ldmatrix_x4_trans(stage_base + (uint32_t)((k * (ROWS + 8) + r) * 2), a[m][kt][0], a[m][kt][1],
                             a[m][kt][2], a[m][kt][3]);
         }
       }
+    if (HALF) {
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        /* matrices rows 16 MT .. + 8 x (k 0-7 | 8-15): lanes 0-15 give the addresses */
+        const int k0 = (warp * KT + kt) * 16, r = 16 * MT, k = k0 + 8 * ((lane >> 3) & 1);
+        if (k_fastest)
+          ldmatrix_x2(stage_base + (uint32_t)(((r + (lane & 7)) * (KEXT + 8) + k) * 2), a_half[kt][0],
+                      a_half[kt][1]);
+        else
+          ldmatrix_x2_trans(stage_base + (uint32_t)(((k + (lane & 7)) * (ROWS + 8) + r) * 2), a_half[kt][0],
+                            a_half[kt][1]);
+      }
+    }
     __syncthreads(); /* the staging area is the state buffers' */
   }
 
@@ -344,8 +374,10 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
    * warp's loads of xp and stores of y are 32 consecutive elements (2-byte
    * accesses 8 sequences apart kept the memory pipe busy: bench/NOTES.md),
    * and warps of sequences past the group's live ones skip the epilogue. */
-  static_assert(kClusterWarps == kClusterSeqs && OPT * 32 == kClusterRows, "one warp per sequence");
-  int o_row[OPT], o_b[OPT], o_len[OPT];
+  static_assert(kClusterWarps == kClusterSeqs, "one warp per sequence");
+  /* the warp's sequence and its length; rows are row0 + lane + 32 i (recomputed: registers are short at R = 72) */
+  const int o_b = seq0 + warp;
+  const int o_len = warp < live ? sequence_length(p.lengths, o_b, T) : 0;
   bool o_valid[OPT];
   E o_in[OPT], o_y[OPT];       /* epilogue operands of this step */
   E next_in[OPT], next_y[OPT];   /* of the next step */
@@ -357,16 +389,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     const int t = p.backward ? T - 1 - s_at : s_at;
 #pragma unroll
     for (int i = 0; i < OPT; ++i) {
-      vin[i] = o_valid[i] ? in[t * p.in_stride_t + o_b[i] * p.in_stride_b + o_row[i]] : Round<E>::to(0.f);
-      vy[i] = (o_valid[i] && p.backward) ? yfwd[((size_t)t * B + o_b[i]) * H + o_row[i]] : Round<E>::to(0.f);
+      const int row = row0 + lane + 32 * i;
+      vin[i] = o_valid[i] ? in[t * p.in_stride_t + o_b * p.in_stride_b + row] : Round<E>::to(0.f);
+      vy[i] = (o_valid[i] && p.backward) ? yfwd[((size_t)t * B + o_b) * H + row] : Round<E>::to(0.f);
     }
   };
 #pragma unroll
   for (int i = 0; i < OPT; ++i) {
-    o_row[i] = row0 + lane + 32 * i;
-    o_b[i] = seq0 + warp;
-    o_valid[i] = o_row[i] < H && warp < live; /* n >= live: another group's sequence, or none */
-    o_len[i] = o_valid[i] ? sequence_length(p.lengths, o_b[i], T) : 0;
+    /* n >= live: another group's sequence, or none; lane + 32 i >= R: another CTA's row */
+    o_valid[i] = lane + 32 * i < ROWS && row0 + lane + 32 * i < H && warp < live;
   }
   load_operands(0, o_in, o_y);
   if (T > 1) load_operands(1, next_in, next_y);
@@ -384,13 +415,13 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
    * live sequences; rows past the cluster's C * 64 and sequences past the
    * group's live ones are never sent (they stay zero). */
   constexpr int WROWS = 16 * KT;
-  const int sent_rows = (int)ctas * kClusterRows - warp * WROWS;
+  const int sent_rows = (int)ctas * ROWS - warp * WROWS;
   const unsigned warp_bytes =
       (unsigned)(sent_rows <= 0 ? 0 : (sent_rows < WROWS ? sent_rows : WROWS)) * (unsigned)live * 2;
   /* The stores of a step: (peer, chunk) pairs, chunk = 8 rows of one live
    * sequence (live * 8 per peer), spread over the threads; this thread's
    * first pair and its stride, so the step needs no division. */
-  const int chunks = live * (kClusterRows / 8);
+  const int chunks = live * (ROWS / 8);
   const int first_peer = tid / chunks, first_chunk = tid % chunks;
   const int peer_stride = kClusterThreads / chunks, chunk_stride = kClusterThreads % chunks;
   const bool exchange = !(PRNN_CLUSTER_ABLATE & 2) && warp_bytes > 0;
@@ -408,31 +439,44 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
       for (unsigned round = 1; !mbarrier_done(bar(cur, warp), ((s - 1) >> 1) & 1); ++round) watchdog(round, &since);
     }
 
-    /* (A s_{t-1}) for the CTA's 64 rows x 8 sequences, this warp's K slice. */
-    float acc[MT][4];
+    /* (A s_{t-1}) for the CTA's R rows x 8 sequences, this warp's K slice. */
+    float acc[MT + HALF][4];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+    for (int m = 0; m < MT + HALF; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+    auto mma_k_tile = [&](int kt, uint32_t b0, uint32_t b1) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+      if (HALF) {
+        const uint32_t ah[4] = {a_half[kt][0], 0u, a_half[kt][1], 0u};
+        MmaOp<E>::run(acc[MT], ah, b0, b1);
+      }
+    };
 #pragma unroll
     for (int kt = 0; kt < KT && !(PRNN_CLUSTER_ABLATE & 1); kt += 2) {
       /* lane l points at sequence l % 8, columns k0 + 8 (l / 8): matrices 0..3 = k [k0, k0+8), [+8, +16), [+16, +24), [+24, +32) */
       const int k0 = (warp * KT + kt) * 16;
+      const uint32_t b_addr =
+          state_base + (uint32_t)(((cur * kClusterSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2);
       uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(state_base + (uint32_t)(((cur * kClusterSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2), b0,
-                  b1, b2, b3);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
-        MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
+      if (kt + 1 < KT) {
+        ldmatrix_x4(b_addr, b0, b1, b2, b3);
+        mma_k_tile(kt, b0, b1);
+        mma_k_tile(kt + 1, b2, b3);
+      } else { /* the last of an odd KT: matrices 0, 1 (lanes 0-15's addresses) */
+        ldmatrix_x2(b_addr, b0, b1);
+        mma_k_tile(kt, b0, b1);
       }
     }
-    /* C fragment: acc[m] = rows 16m + {g, g+8}, sequences 2q, 2q+1. */
+    /* C fragment: acc[m] = rows 16m + {g, g+8}, sequences 2q, 2q+1 (rows 16 MT + g only, of the half tile). */
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      float *part = partial + (warp * kClusterSeqs + 2 * q) * kClusterPartialPitch + 16 * m + g;
+    for (int m = 0; m < MT + HALF; ++m) {
+      float *part = partial + (warp * kClusterSeqs + 2 * q) * PPITCH + 16 * m + g;
       part[0] = acc[m][0];
-      part[kClusterPartialPitch] = acc[m][1];
-      part[8] = acc[m][2];
-      part[kClusterPartialPitch + 8] = acc[m][3];
+      part[PPITCH] = acc[m][1];
+      if (m < MT) {
+        part[8] = acc[m][2];
+        part[PPITCH + 8] = acc[m][3];
+      }
     }
     __syncthreads();
 
@@ -440,16 +484,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 #pragma unroll
       for (int i = 0; i < OPT; ++i) {
         const int r = lane + 32 * i; /* local row; the sequence is n = warp */
+        if (r >= ROWS) break;
         float mat = 0.f;
 #pragma unroll
-        for (int w = 0; w < kClusterWarps; ++w) mat += partial[(w * kClusterSeqs + warp) * kClusterPartialPitch + r];
-        const bool active = o_valid[i] && t < o_len[i];
+        for (int w = 0; w < kClusterWarps; ++w) mat += partial[(w * kClusterSeqs + warp) * PPITCH + r];
+        const bool active = o_valid[i] && t < o_len;
         /* past the length the state stays s_{t-1}: it is in this CTA's own buffer */
         const float frozen =
-            (o_valid[i] && !active && !p.backward) ? from_bits<E>(prev[warp * SPITCH + o_row[i]]) : 0.f;
+            (o_valid[i] && !active && !p.backward) ? from_bits<E>(prev[warp * SPITCH + row0 + r]) : 0.f;
         float st;
         o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, to_accum(o_in[i]), to_accum(o_y[i]), frozen, &st));
-        slice[warp * kClusterSlicePitch + r] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
+        slice[warp * SLPITCH + r] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
       }
     }
     __syncthreads();
@@ -458,8 +503,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     if (s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) {
       int peer = first_peer, chunk = first_chunk;
       while (peer < (int)ctas) {
-        const int n = chunk >> 3, r = (chunk & 7) * 8; /* rows [r, r + 8) of sequence n */
-        const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * kClusterSlicePitch + r);
+        const int n = chunk / (ROWS / 8), r = chunk % (ROWS / 8) * 8; /* rows [r, r + 8) of sequence n */
+        const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * SLPITCH + r);
         const uint32_t local = state_base + (uint32_t)((((1 - cur) * kClusterSeqs + n) * SPITCH + row0 + r) * 2);
         /* counted on the barrier of the peer's warp that reads these rows */
         store_peer16_async(peer_address(local, peer), v, peer_address(bar(1 - cur, (row0 + r) / WROWS), peer));
@@ -473,7 +518,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     }
 #pragma unroll
     for (int i = 0; i < OPT; ++i)
-      if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 36)) out[((size_t)t * B + o_b[i]) * H + o_row[i]] = o_out[i];
+      if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 36)) out[((size_t)t * B + o_b) * H + row0 + lane + 32 * i] = o_out[i];
     /* Operand loads run two steps ahead: one loaded behind this step's wait
      * came back late, and one a step ahead still stalled the step's end. */
     if (s + 1 < T) {
@@ -493,11 +538,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 #endif
 }
 
-#define PRNN_CLUSTER_CONFIG(E, KT) \
-  { KT, cluster_rnn_kernel<E, KT> }
+#define PRNN_CLUSTER_CONFIG(E, KT, ROWS) \
+  { KT, ROWS, cluster_rnn_kernel<E, KT, ROWS> }
 
-/* The compiled K extents of each 16-bit dtype, smallest first (cluster.cu). */
-const int cluster_config_count = 3; /* cluster.cu checks its tables' lengths against it */
+/* The compiled shapes of each 16-bit dtype, smallest K extent first (cluster.cu). */
+const int cluster_config_count = 4; /* cluster.cu checks its tables' lengths against it */
 extern const ClusterConfig cluster_configs_bf16[];
 extern const ClusterConfig cluster_configs_f16[];
 

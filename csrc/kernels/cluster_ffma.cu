@@ -13,8 +13,6 @@ extern const ClusterFfmaConfig cluster_ffma_configs[] = {
     PRNN_FFMA_CONFIG(PRNN_DTYPE_FLOAT32, float, 4, 8, 8),
     PRNN_FFMA_CONFIG(PRNN_DTYPE_FLOAT32, float, 8, 8, 6),
     PRNN_FFMA_CONFIG(PRNN_DTYPE_FLOAT32, float, 9, 9, 5),
-    PRNN_FFMA_CONFIG(PRNN_DTYPE_BFLOAT16, __nv_bfloat16, 9, 9, 9),
-    PRNN_FFMA_CONFIG(PRNN_DTYPE_FLOAT16, __half, 9, 9, 9),
 };
 static_assert(sizeof(cluster_ffma_configs) / sizeof(cluster_ffma_configs[0]) == cluster_ffma_config_count,
               "cluster_ffma_config_count must match the table");

@@ -1,8 +1,11 @@
 /*
  * cluster_ffma.cuh - the FFMA cluster kernel (sm_90): one sequence per
  * cluster, W_hh's rows split over the cluster's registers and shared memory,
- * float32 arithmetic. It runs float32 up to H = 1152, and the 16-bit dtypes
- * from H = 1025 to 1152, past the tensor-core cluster kernel (cluster.cuh).
+ * float32 arithmetic. It runs float32 up to H = 1152; the 16-bit dtypes take
+ * the tensor-core cluster kernel (cluster.cuh) up to 1152, faster (bench/NOTES.md
+ * step 32). The kernel keeps its element type E generic, as the quads it
+ * shares with the cluster grid (cluster_grid.cuh) are, but only float32 is
+ * compiled.
  *
  * CTA c owns 8 WR rows of A (WR = 8 or 9 per warp; at least two CTAs). Warp
  * w owns the CTA's rows 8w .. 8w + 7 and, with WR = 9, row 64 + w, so every
@@ -19,8 +22,7 @@
  *   every CTA's other state buffer by st.async: the 8 main rows as two
  *   16-byte stores per peer, one lane per (peer, half); the ninth as one
  *   4-byte store per peer.
- * The state is float32 in shared memory; in the 16-bit dtypes it holds
- * values rounded to the dtype, as the tensor-core kernel's does.
+ * The state is float32 in shared memory.
  * Two state buffers are enough: a peer writes buffer X again only for step
  * s + 2, after it had every row of step s + 1, which every warp here sends
  * only after it read buffer X in step s.
@@ -376,8 +378,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 /* A compiled shape of an FFMA kernel: this file's (cluster_ffma.cu), per
  * dtype smallest K extent first - float32: KC = 2 and 4 (H <= 256, 512) with
  * all 8 rows of a warp in registers, 8 (H <= 1024) with 6 of 8, 9 (H <=
- * 1152, 72 rows a CTA) with 5 of 9; bfloat16/float16: KC = 9 (H 1025 -
- * 1152), all 9 rows in registers - and the cluster grid's (cluster_grid.cuh). */
+ * 1152, 72 rows a CTA) with 5 of 9 - and the cluster grid's (cluster_grid.cuh). */
 struct ClusterFfmaConfig {
   prnn_dtype_t dtype;
   int k_chunks;  /* KC: K extent 128 KC */
@@ -386,7 +387,7 @@ struct ClusterFfmaConfig {
   const void *kernel; /* cluster_ffma_kernel (RecurrenceParams, InputProjection) or
                          cluster_grid_kernel (RecurrenceParams) */
 };
-const int cluster_ffma_config_count = 6; /* cluster_ffma.cu checks the table's length against it */
+const int cluster_ffma_config_count = 4; /* cluster_ffma.cu checks the table's length against it */
 extern const ClusterFfmaConfig cluster_ffma_configs[];
 
 }  // namespace prnn

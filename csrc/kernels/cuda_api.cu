@@ -254,11 +254,10 @@ struct ClusterCandidate {
   int k_extent;            /* columns of A a CTA covers */
 };
 
-/* The cluster kernel for a problem: the 16-bit dtypes up to H = 1024 on the
+/* The cluster kernel for a problem: the 16-bit dtypes up to H = 1152 on the
  * tensor-core kernel (cluster.cuh), where all of A fits in the register files
- * of one cluster as tensor-core fragments; float32, and the 16-bit dtypes past
- * 1024 up to 1152, on the FFMA kernel (cluster_ffma.cuh). Each table's first
- * shape whose K extent covers H. */
+ * of one cluster as tensor-core fragments; float32 up to 1152 on the FFMA
+ * kernel (cluster_ffma.cuh). Each table's first shape whose K extent covers H. */
 ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
   ClusterCandidate c = {};
   const int is_half = pb->dtype == PRNN_DTYPE_FLOAT16;
@@ -266,8 +265,8 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
     for (int i = 0; i < cluster_config_count; ++i)
       if (128 * (int64_t)table[i].k_tiles >= pb->hidden) {
-        c = {(const void *)table[i].kernel, kClusterRows, cluster_smem_bytes(128 * table[i].k_tiles), kClusterSeqs,
-             is_half * cluster_config_count + i, 128 * table[i].k_tiles};
+        c = {(const void *)table[i].kernel, table[i].rows, cluster_smem_bytes(128 * table[i].k_tiles, table[i].rows),
+             kClusterSeqs, is_half * cluster_config_count + i, 128 * table[i].k_tiles};
         return c;
       }
   }
@@ -331,18 +330,16 @@ prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const De
 /* Whether `producer_ctas` CTAs computing the input projection keep ahead of
  * the recurrence: each does its share of a step's projection (batch x input x
  * hidden FMAs) at some multiple of the rate a stepping CTA does its rows x K
- * extent. float32 (staged by 16-byte copies): about 1.6 (bench/NOTES.md step
+ * extent: about 1.6 in float32, the only dtype that fuses (bench/NOTES.md step
  * 31: at H = I = 1024, B = 4, 48 producer CTAs with 1.33 of a stepper's work
  * each finished alone in 0.82 of the recurrence's time, and the fused launch
  * took 0.88 of the GEMM and recurrence's), so each may take up to 1.4 of a
  * stepper's, which leaves room for the first chunk and for the steppers'
- * slowdown beside them. The 16-bit dtypes (staged through registers) keep
- * the bound measured before (step 30): 0.7. */
+ * slowdown beside them. */
 bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_ctas, const ClusterCandidate &cand) {
   const int64_t tile = kProjTile;
   const int64_t work = pb->batch * ((input + tile - 1) / tile * tile) * ((pb->hidden + tile - 1) / tile * tile);
-  const int64_t tenths = pb->dtype == PRNN_DTYPE_FLOAT32 ? 14 : 7;
-  return tenths * producer_ctas * cand.rows * cand.k_extent >= 10 * work;
+  return 14 * producer_ctas * cand.rows * cand.k_extent >= 10 * work;
 }
 
 /* The cluster tier, on a device with cluster launches. A step costs less the

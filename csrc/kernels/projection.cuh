@@ -14,8 +14,8 @@
  * A CTA's 8 warps split an item's K (the input size) in blocks of 32; each
  * warp stages its blocks of W_ih and x as float32, row-major with swizzled
  * 16-byte chunks (proj_at), in its own shared memory, the next block (of this
- * item or the next) on its way while one is multiplied - float32 by cp.async
- * into a second buffer, the 16-bit dtypes through registers - and accumulates
+ * item or the next) on its way by cp.async into a second buffer while one is
+ * multiplied - and accumulates
  * a 4 x 8 tile per lane; the 8 partial tiles are summed through shared
  * memory, the biases added, the result rounded to E and stored, and then the
  * chunk's flag counts the item: __syncthreads (every store of the CTA done),
@@ -129,16 +129,17 @@ __device__ __forceinline__ ProjItem proj_item(int64_t item, int row_tiles, int c
  * 8 warps split an item's K in blocks of 32; each warp stages its blocks
  * (W_ih's 32 rows and x's 32 columns, as float32) in its own buffers and
  * accumulates a 4 x 8 tile per lane; while it multiplies one block, the next
- * one - of this item or, past its last, of the next item - is on its way:
- * float32 by cp.async into the other buffer (16 bytes a lane where x and
- * W_ih are 16-byte aligned along K, else 4), the 16-bit dtypes into registers,
- * widened when stored. The 8 partial tiles are summed through shared memory,
- * the biases added, the result rounded to E and stored, and then the chunk's
- * flag counts the item. */
+ * one - of this item or, past its last, of the next item - is on its way by
+ * cp.async into the other buffer (16 bytes a lane where x and W_ih are
+ * 16-byte aligned along K, else 4). The 8 partial tiles are summed through
+ * shared memory, the biases added, the result stored, and then the chunk's
+ * flag counts the item. float32 only: the FFMA cluster kernel, the only one
+ * that fuses, runs float32 alone. */
 template <typename E>
 __device__ void project_inputs(const RecurrenceParams &p, const InputProjection &q, float *smem, int worker,
                                int workers) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(E) == 4, "the producers stage float32 by cp.async");
   const E *X = static_cast<const E *>(q.x);
   const E *W = static_cast<const E *>(q.w);
   const E *b_ih = static_cast<const E *>(q.b_ih);
@@ -158,46 +159,36 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
   __syncthreads();
 
   /* 16-byte copies need 16-byte aligned sources along every row of W_ih and x */
-  const bool wide = sizeof(E) == 4 && ((uintptr_t)X % 16 == 0) && ((uintptr_t)W % 16 == 0) && q.w_stride % 4 == 0 &&
+  const bool wide = ((uintptr_t)X % 16 == 0) && ((uintptr_t)W % 16 == 0) && q.w_stride % 4 == 0 &&
                     q.x_stride_t % 4 == 0 && q.x_stride_b % 4 == 0;
   const int k_first = warp * kProjTile, kstep = 8 * kProjTile;
   const int blocks = k_first < I ? (I - k_first + kstep - 1) / kstep : 0; /* this warp's K blocks of an item */
 
-  /* Stage block kb of item `it` into buffer `buf` (float32), or load it into
-   * w_next / x_next (16-bit). 16 bytes: lane copies chunk lane % 8 of rows
-   * (columns) 4 i + lane / 8; otherwise lane copies k = kb + lane of each. */
-  float w_next[sizeof(E) == 4 ? 1 : 32], x_next[sizeof(E) == 4 ? 1 : 32];
+  /* Stage block kb of item `it` into buffer `buf`. 16 bytes: lane copies
+   * chunk lane % 8 of rows (columns) 4 i + lane / 8; otherwise lane copies
+   * k = kb + lane of each. */
   auto stage = [&](const ProjItem &it, int kb, int buf) {
     if (PRNN_PROJ_ABLATE & 4) return;
     float *wb = ws + buf * 2 * kProjBlockFloats, *xb = wb + kProjBlockFloats;
     const E *x_chunk = X + (int64_t)it.t0 * q.x_stride_t;
-    if constexpr (sizeof(E) == 4) {
-      if (wide) {
-        const int k = kb + 4 * (lane & 7), rest = I - k;
-        const int bytes = rest >= 4 ? 16 : rest > 0 ? 4 * rest : 0;
+    if (wide) {
+      const int k = kb + 4 * (lane & 7), rest = I - k;
+      const int bytes = rest >= 4 ? 16 : rest > 0 ? 4 * rest : 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int r = 4 * i + (lane >> 3);
-          const bool w_ok = it.row0 + r < H && bytes > 0, x_ok = r < it.cols && bytes > 0;
-          cp_async16(&wb[proj_at(r, k - kb)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok ? bytes : 0);
-          cp_async16(&xb[proj_at(r, k - kb)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok ? bytes : 0);
-        }
-      } else {
-        const int k = kb + lane;
-#pragma unroll 8
-        for (int r = 0; r < 32; ++r) {
-          const bool w_ok = it.row0 + r < H && k < I, x_ok = r < it.cols && k < I;
-          cp_async4(&wb[proj_at(r, lane)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok);
-          cp_async4(&xb[proj_at(r, lane)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok);
-        }
+      for (int i = 0; i < 8; ++i) {
+        const int r = 4 * i + (lane >> 3);
+        const bool w_ok = it.row0 + r < H && bytes > 0, x_ok = r < it.cols && bytes > 0;
+        cp_async16(&wb[proj_at(r, k - kb)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok ? bytes : 0);
+        cp_async16(&xb[proj_at(r, k - kb)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok ? bytes : 0);
       }
     } else {
       const int k = kb + lane;
-#pragma unroll
-      for (int r = 0; r < 32; ++r)
-        w_next[r] = (it.row0 + r < H && k < I) ? to_accum(W[(int64_t)(it.row0 + r) * q.w_stride + k]) : 0.f;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) x_next[n] = (n < it.cols && k < I) ? to_accum(x_chunk[col_offsets[n] + k]) : 0.f;
+#pragma unroll 8
+      for (int r = 0; r < 32; ++r) {
+        const bool w_ok = it.row0 + r < H && k < I, x_ok = r < it.cols && k < I;
+        cp_async4(&wb[proj_at(r, lane)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok);
+        cp_async4(&xb[proj_at(r, lane)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok);
+      }
     }
   };
 
@@ -229,7 +220,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
   int64_t item = worker;
   ProjItem it = proj_item(item, row_tiles, cs, T, B);
   if (blocks > 0) stage(it, k_first, 0);
-  if constexpr (sizeof(E) == 4) cp_async_commit();
+  cp_async_commit();
   int buf = 0;
   for (;;) {
 #pragma unroll
@@ -242,25 +233,12 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
       ProjItem next = it;
       if (last) next = proj_item(item + workers, row_tiles, cs, T, B);
       const int next_kb = last ? k_first : k_first + (b + 1) * kstep;
-      if constexpr (sizeof(E) == 4) {
-        if (more) stage(next, next_kb, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait_all_but_newest();
-        __syncwarp();
-        multiply(ws + buf * 2 * kProjBlockFloats, ws + buf * 2 * kProjBlockFloats + kProjBlockFloats);
-        buf ^= 1;
-      } else {
-        float *wb = ws, *xb = ws + kProjBlockFloats;
-        const int k = lane;
-#pragma unroll
-        for (int r = 0; r < 32; ++r) {
-          wb[proj_at(r, k)] = w_next[r];
-          xb[proj_at(r, k)] = x_next[r];
-        }
-        __syncwarp();
-        if (more) stage(next, next_kb, 0);
-        multiply(wb, xb);
-      }
+      if (more) stage(next, next_kb, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait_all_but_newest();
+      __syncwarp();
+      multiply(ws + buf * 2 * kProjBlockFloats, ws + buf * 2 * kProjBlockFloats + kProjBlockFloats);
+      buf ^= 1;
       __syncwarp(); /* every lane done with the buffer before the next block is staged into it */
     }
 
@@ -304,7 +282,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
     if (item >= items) break;
     it = proj_item(item, row_tiles, cs, T, B);
   }
-  if constexpr (sizeof(E) == 4) cp_async_wait_all();
+  cp_async_wait_all();
 #endif
 }
 
