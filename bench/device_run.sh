@@ -108,7 +108,7 @@ for s in $stages; do
       done
       for dt in float32 bfloat16; do python3 bench/bench.py --host $dt; done ;;
     spread) # eager figures round to round, and the GPU-only time behind a spin
-      stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5}
+      stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5} ${SPREAD_SHAPES:-}
       grep "^spread" "$LOG/spread.log" ;;
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"

@@ -1,8 +1,8 @@
 """How much an eager figure moves between rounds, and how much of it is host time.
 
-    python bench/spread.py [rounds]
+    python bench/spread.py [rounds [dtype:batch:hidden ...]]
 
-For bf16/fp16/fp32 at B = 4, H = 1024, T = 256, per round (each a median of
+For bf16/fp16/fp32 at B = 4, H = 1024 (or the shapes given), T = 256, per round (each a median of
 CUDA-event timings): the eager module forward, the same calls issued behind a
 GPU spin (torch.cuda._sleep) so the GPU never waits for the host (what the
 calls cost on the GPU alone), the forward replayed in a CUDA graph, and the
@@ -28,8 +28,11 @@ def median_ms_behind_spin(fn, iters, spin_cycles=4_000_000):
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    steps, batch, hidden = 256, 4, 1024
-    for dtype_name in ("bfloat16", "float16", "float32"):
+    shapes = [(name, 4, 1024) for name in ("bfloat16", "float16", "float32")]
+    if len(sys.argv) > 2:
+        shapes = [(d, int(b), int(h)) for d, b, h in (arg.split(":") for arg in sys.argv[2:])]
+    steps = 256
+    for dtype_name, batch, hidden in shapes:
         dtype = DTYPES[dtype_name]
         torch.manual_seed(0)
         model = torch_prnn.PersistentRNN(hidden, hidden, device="cuda", dtype=dtype)

@@ -427,12 +427,12 @@ def test_non_contiguous_inputs(dtype):
 @pytest.mark.parametrize("H,pitch,offset",
                          [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2),
                           (1100, 1104, 0), (1100, 1104, 2), (1100, 1104, 4), (1300, 1304, 2), (1300, 1304, 1)],
-                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "offset-2", "ffma-wide",
-                              "ffma-offset-2", "ffma-offset-4", "grid-offset-2", "grid-misaligned"])
+                         ids=["wide", "wide-offset", "wide-edge", "misaligned", "offset-2", "rows72-wide",
+                              "rows72-offset-2", "rows72-offset-4", "grid-offset-2", "grid-misaligned"])
 def test_cluster_weight_layouts(dtype, H, pitch, offset):
     """The cluster kernels stage W_hh (rows contiguous forward, columns
-    backward): the 16-bit tensor-core kernel in 16-byte chunks, the FFMA
-    kernel 4 columns a load forward and element by element, consecutive rows
+    backward): the 16-bit tensor-core kernel in 16-byte chunks (64 rows a
+    CTA, and 72 at H = 1100), the float32 FFMA kernel 4 columns a load forward and element by element, consecutive rows
     across lanes, backward; wide loads where stride and alignment allow and
     element by element elsewhere: row pitch a multiple of the chunk or not, aligned or
     not, H not a multiple of the chunk (chunks across the edge). Past

@@ -13,8 +13,8 @@
  * holds columns 128j + 4l .. 128j + 4l + 3 (j < KC) of each of its warp's
  * rows, as a quad of 4 elements at their width (Quad<E>): rows [0, RREG) in
  * registers, [RREG, WR) in shared memory, whose quads are read free of bank
- * conflicts. FFMA, not tensor cores: float32 numerics (16-bit weights widen
- * exactly). A step, each warp on its own (no CTA-wide barrier):
+ * conflicts. FFMA, not tensor cores: float32 numerics. A step, each warp
+ * on its own (no CTA-wide barrier):
  *   wait for s_{t-1} (one mbarrier per state buffer counts the bytes the
  *   cluster sent) -> 4 KC FMAs per row and lane -> 9 shuffles sum the 8 main
  *   rows over the warp (5 more for a ninth) -> lanes 4r (and lane 1 for the
