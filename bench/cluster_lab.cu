@@ -24,8 +24,8 @@ using namespace prnn;
 
 /* The kernel with its attributes set; *room = how many of its clusters the device holds at once. */
 template <int KT, int ROWS>
-static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams) {
-  void (*fn)(RecurrenceParams) = cluster_rnn_kernel<__nv_bfloat16, KT, ROWS>;
+static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams, InputProjection) {
+  void (*fn)(RecurrenceParams, InputProjection) = cluster_rnn_kernel<__nv_bfloat16, KT, ROWS>;
   const int smem = cluster_smem_bytes(128 * KT, ROWS), ctas = (hidden + ROWS - 1) / ROWS;
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -36,7 +36,7 @@ static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams) {
 }
 
 template <int KT, int ROWS>
-static float time_ms(void (*fn)(RecurrenceParams), int steps, int batch, int group, int hidden, void *a, void *in,
+static float time_ms(void (*fn)(RecurrenceParams, InputProjection), int steps, int batch, int group, int hidden, void *a, void *in,
                      void *h0, void *out) {
   RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
   p.group_seqs = group;
@@ -44,7 +44,8 @@ static float time_ms(void (*fn)(RecurrenceParams), int steps, int batch, int gro
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg =
       cluster_launch_config(ctas * groups, ctas, cluster_smem_bytes(128 * KT, ROWS), 0, &attr);
-  return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p)); });
+  const InputProjection none = {}; /* xp given */
+  return median_launch_ms(9, [] {}, [&] { CHECK(cudaLaunchKernelEx(&cfg, fn, p, none)); });
 }
 
 /* `group`: sequences per cluster (the library spreads a batch over as many clusters as fit at
@@ -56,7 +57,7 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
     exit(1);
   }
   int room;
-  void (*fn)(RecurrenceParams) = prepared_kernel<KT, ROWS>(hidden, &room);
+  void (*fn)(RecurrenceParams, InputProjection) = prepared_kernel<KT, ROWS>(hidden, &room);
   const int groups = (batch + group - 1) / group, waves = (groups + room - 1) / room;
   const int big = 1024;
   const DenseBuffers b(big, batch, hidden, 2, 0x3c, 0); /* bf16 0x3c3c = 0.0115 */

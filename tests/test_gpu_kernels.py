@@ -231,10 +231,11 @@ def test_cluster_kernels(dtype, H, B, nonlinearity):
 def make_layer(T, B, I, H, dtype, bias=True, lengths=False, seed=0, aligned=False):
     """prnn::layer's inputs, x and w_ih strided: x every other sequence of a
     wider input, w_ih with a wider row pitch; at an odd offset (4-byte
-    aligned), or with aligned=True at offset 0 and pitches of a multiple of 4
-    elements (16-byte aligned rows for float32, whatever I is)."""
+    aligned in float32, 2-byte in 16 bits), or with aligned=True at offset 0
+    and pitches of a multiple of 8 elements (16-byte aligned rows, whatever
+    I is)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    wide = (I + 3) // 4 * 4 + 4
+    wide = (I + 7) // 8 * 8 + 8
     if aligned:
         x = torch.randn(T, 2 * B, wide, device="cuda", generator=g).to(dtype)[:, ::2, :I]
     else:
@@ -261,9 +262,11 @@ def check_layer(T, B, I, H, dtype, nonlinearity="tanh", bias=True, lengths=False
 
 def test_fused_layer_choice():
     """Where prnn::layer computes its input projection inside the recurrence's
-    launch: the FFMA cluster kernel's forward, with clusters to spare beside
-    the batch's that keep ahead of it (H200: 7 clusters of 16 CTAs at H =
-    1024, so B <= 4 at I = H; from B = 5 on too few are left, at B = 7 none)."""
+    launch: a cluster kernel's forward (the FFMA kernel's, float32; the
+    tensor-core kernel's at 64 rows a CTA, H <= 1024, 16-bit), with clusters
+    to spare beside the batch's that keep ahead of it (H200: 7 clusters of 16
+    CTAs at H = 1024, so B <= 4 at I = H; from B = 5 on too few are left, at
+    B = 7 none)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
 
@@ -273,8 +276,9 @@ def test_fused_layer_choice():
 
     for B in (1, 2, 4):
         assert fused(1024, B, 1024) and fused(1152, B, 1152), B
-    for dtype in (torch.bfloat16, torch.float16):  # the tensor-core kernel, up to H = 1152
-        assert not fused(1100, 2, 1100, dtype) and not fused(1024, 1, 1024, dtype)
+    for dtype in (torch.bfloat16, torch.float16):  # the tensor-core kernel: R = 64 fuses, R = 72 does not
+        assert fused(1024, 4, 1024, dtype) and fused(7, 1, 1, dtype) and fused(513, 3, 129, dtype)
+        assert not fused(1024, 5, 1024, dtype) and not fused(1025, 1, 1025, dtype)
     assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
     for B in (5, 6, 7, 17):
         assert not fused(1024, B, 1024), B
@@ -290,7 +294,9 @@ FUSED_CASES = [  # (dtype, H, I, B): the FFMA kernel's shapes, odd input sizes, 
     (torch.float32, 1024, 1024, 4), (torch.float32, 1024, 1000, 1), (torch.float32, 1000, 7, 3),
     (torch.float32, 129, 1000, 2), (torch.float32, 1152, 33, 4), (torch.float32, 1, 1, 1), (torch.float32, 7, 1, 3),
     (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.float32, 1100, 1100, 2),
-    (torch.float32, 1025, 129, 3)]
+    (torch.float32, 1025, 129, 3), (torch.bfloat16, 1024, 1024, 4), (torch.float16, 1024, 1000, 1),
+    (torch.bfloat16, 1000, 7, 3), (torch.float16, 129, 1000, 2), (torch.bfloat16, 1, 1, 1), (torch.float16, 7, 1, 3),
+    (torch.bfloat16, 513, 513, 4), (torch.float16, 256, 300, 5)]
 
 
 @pytest.mark.parametrize("dtype,H,I,B", FUSED_CASES, ids=lambda v: str(v))

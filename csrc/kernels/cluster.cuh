@@ -33,11 +33,17 @@
  *
  * The state is carried at the element width, like the grid-wide kernel and
  * nn.RNN; sums are fp32.
+ * A fused layer (proj.clusters > 0, R = 64 only) puts its first
+ * proj.clusters clusters to computing xp (projection.cuh, by mma); the rest
+ * step, reading a chunk of xp once its flag is full, as the FFMA kernel's
+ * steppers do.
  */
 #ifndef PRNN_CLUSTER_CUH
 #define PRNN_CLUSTER_CUH
 
+#include "mma.cuh"
 #include "persistent.cuh"
+#include "projection.cuh"
 
 /* Experiments only (bench/cluster_lab.cu): bits that take a stage out of a
  * step - 1: the mma, 2: the exchange, 4: output stores and operand loads;
@@ -59,8 +65,13 @@ const int kClusterMaxCtas = 16;
 struct ClusterConfig {
   int k_tiles; /* KT per warp */
   int rows;    /* R */
-  PersistentKernel kernel;
+  const void *kernel; /* cluster_rnn_kernel (RecurrenceParams, InputProjection) */
 };
+
+/* Whether the kernel of R rows a CTA can be a fused layer's (proj.clusters >
+ * 0): not at R = 72, whose A fragments leave no registers for the waits on
+ * xp's chunks (the consumer's code spilled there). */
+__host__ __device__ constexpr bool cluster_fuses(int rows) { return rows == 64; }
 
 /* Row pitches (16-bit elements) of the state ([8][K + 8]) and of the outgoing
  * slice ([8][R + 8]): 16 bytes of padding keep ldmatrix and the epilogue's
@@ -124,26 +135,6 @@ inline cudaLaunchConfig_t cooperative_cluster_launch_config(int grid, int ctas, 
   cfg.numAttrs = 2;
   return cfg;
 }
-
-template <typename E> struct MmaOp;
-template <> struct MmaOp<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct MmaOp<__half> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
 
 /* 16-bit bits of a float, rounded to E. */
 template <typename E>
@@ -209,27 +200,11 @@ __device__ __forceinline__ void store_peer16_async(uint32_t remote, uint4 v, uin
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
                :: "r"(remote), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar) : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                            uint32_t &r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t addr, uint32_t &r0, uint32_t &r1) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-               : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                                  uint32_t &r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
 #endif
 
 template <typename E, int KT, int ROWS>
-__global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const RecurrenceParams p) {
+__global__ void __launch_bounds__(kClusterThreads, 1)
+    cluster_rnn_kernel(const RecurrenceParams p, const InputProjection proj) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int MT = ROWS / 16;          /* whole m-tiles per CTA */
   constexpr bool HALF = ROWS % 16 == 8;  /* and rows 16 MT .. + 8 as half of one more */
@@ -245,7 +220,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const int row0 = (int)rank * ROWS;
   if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
   if (PRNN_CLUSTER_ABLATE & 16) return;
-  const int seq0 = (int)cluster_index() * p.group_seqs;
+  extern __shared__ __align__(16) unsigned char smem[];
+  /* A fused layer's first proj.clusters clusters compute xp (projection.cuh); the rest step. */
+  const int producers = cluster_fuses(ROWS) ? proj.clusters : 0;
+  if ((int)cluster_index() < producers) {
+    project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + 16), (int)(cluster_index() * ctas + rank),
+                      producers * (int)ctas);
+    return;
+  }
+  const int seq0 = ((int)cluster_index() - producers) * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
   E *out;
   const E *in, *yfwd, *h0;
@@ -253,7 +236,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 
   /* shared memory: bars[2][8] mbarriers, then state[2][8][SPITCH] 16-bit,
    * partial[8 warps][8 sequences][PPITCH] fp32, slice[8][SLPITCH] 16-bit (or the A staging area) */
-  extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
   unsigned char *space = smem + kClusterBarBytes;
   unsigned short *state = reinterpret_cast<unsigned short *>(space);
@@ -379,19 +361,22 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   const int o_b = seq0 + warp;
   const int o_len = warp < live ? sequence_length(p.lengths, o_b, T) : 0;
   bool o_valid[OPT];
-  E o_in[OPT], o_y[OPT];       /* epilogue operands of this step */
-  E next_in[OPT], next_y[OPT];   /* of the next step */
-  E after_in[OPT], after_y[OPT]; /* of the step after: loads run two steps ahead */
+  /* Epilogue operands, in (bits 0-15) and y (16-31) of a row packed in one
+   * register (registers are short at R = 72): of this step, the next, and the
+   * step after (loads run two steps ahead). */
+  uint32_t o_op[OPT], next_op[OPT], after_op[OPT];
 #pragma unroll
-  for (int i = 0; i < OPT; ++i) after_in[i] = after_y[i] = Round<E>::to(0.f); /* T = 2 never loads them */
+  for (int i = 0; i < OPT; ++i) after_op[i] = 0; /* T = 2 never loads them */
   E o_out[OPT];
-  auto load_operands = [&](int s_at, E (&vin)[OPT], E (&vy)[OPT]) {
+  auto load_operands = [&](int s_at, uint32_t (&op)[OPT]) {
     const int t = p.backward ? T - 1 - s_at : s_at;
 #pragma unroll
     for (int i = 0; i < OPT; ++i) {
       const int row = row0 + lane + 32 * i;
-      vin[i] = o_valid[i] ? in[t * p.in_stride_t + o_b * p.in_stride_b + row] : Round<E>::to(0.f);
-      vy[i] = (o_valid[i] && p.backward) ? yfwd[((size_t)t * B + o_b) * H + row] : Round<E>::to(0.f);
+      /* ld.global.cg: a fused layer's xp is written while the kernel runs */
+      const uint32_t vin = o_valid[i] ? bits16(__ldcg(in + t * p.in_stride_t + o_b * p.in_stride_b + row)) : 0u;
+      const uint32_t vy = (o_valid[i] && p.backward) ? bits16(yfwd[((size_t)t * B + o_b) * H + row]) : 0u;
+      op[i] = vin | vy << 16;
     }
   };
 #pragma unroll
@@ -399,9 +384,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     /* n >= live: another group's sequence, or none; lane + 32 i >= R: another CTA's row */
     o_valid[i] = lane + 32 * i < ROWS && row0 + lane + 32 * i < H && warp < live;
   }
-  load_operands(0, o_in, o_y);
-  if (T > 1) load_operands(1, next_in, next_y);
-  if (T > 2) load_operands(2, after_in, after_y);
+  /* xp of a step is read once its chunk's flag is full: here steps 0-2, in the loop step s + 3 (the
+   * warps of live sequences only: the others load nothing) */
+  const int chunk_steps = projection_chunk_steps(B);
+  const bool waits = producers > 0 && warp < live;
+  if (waits)
+    for (int c = 0; c <= (T < 3 ? T - 1 : 2) / chunk_steps; ++c) wait_projection_warp(proj, H, c);
+  load_operands(0, o_op);
+  if (T > 1) load_operands(1, next_op);
+  if (T > 2) load_operands(2, after_op);
 
   /* mbarriers [2 buffers][8 warps]; every CTA of the cluster has started and
    * initialised its state and barriers before any peer writes into them. */
@@ -412,14 +403,14 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
   cluster_arrive();
   cluster_wait();
   /* This warp's K slice is state rows [16 KT warp, 16 KT (warp + 1)), of the
-   * live sequences; rows past the cluster's C * 64 and sequences past the
+   * live sequences; rows past the cluster's C * R and sequences past the
    * group's live ones are never sent (they stay zero). */
   constexpr int WROWS = 16 * KT;
   const int sent_rows = (int)ctas * ROWS - warp * WROWS;
   const unsigned warp_bytes =
       (unsigned)(sent_rows <= 0 ? 0 : (sent_rows < WROWS ? sent_rows : WROWS)) * (unsigned)live * 2;
   /* The stores of a step: (peer, chunk) pairs, chunk = 8 rows of one live
-   * sequence (live * 8 per peer), spread over the threads; this thread's
+   * sequence (live * R / 8 per peer), spread over the threads; this thread's
    * first pair and its stride, so the step needs no division. */
   const int chunks = live * (ROWS / 8);
   const int first_peer = tid / chunks, first_chunk = tid % chunks;
@@ -493,7 +484,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
         const float frozen =
             (o_valid[i] && !active && !p.backward) ? from_bits<E>(prev[warp * SPITCH + row0 + r]) : 0.f;
         float st;
-        o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, to_accum(o_in[i]), to_accum(o_y[i]), frozen, &st));
+        o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, from_bits<E>(o_op[i] & 0xffffu),
+                                                 from_bits<E>(o_op[i] >> 16), frozen, &st));
         slice[warp * SLPITCH + r] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
       }
     }
@@ -524,12 +516,13 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
     if (s + 1 < T) {
 #pragma unroll
       for (int i = 0; i < OPT; ++i) {
-        o_in[i] = next_in[i];
-        o_y[i] = next_y[i];
-        next_in[i] = after_in[i];
-        next_y[i] = after_y[i];
+        o_op[i] = next_op[i];
+        next_op[i] = after_op[i];
       }
-      if (s + 3 < T && !(PRNN_CLUSTER_ABLATE & 4)) load_operands(s + 3, after_in, after_y);
+      if (s + 3 < T && !(PRNN_CLUSTER_ABLATE & 4)) {
+        if (waits && (s + 3) % chunk_steps == 0) wait_projection_warp(proj, H, (s + 3) / chunk_steps);
+        load_operands(s + 3, after_op);
+      }
     }
     if (PRNN_CLUSTER_ABLATE & 2) __syncthreads();
   }
@@ -539,7 +532,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_rnn_kernel(const R
 }
 
 #define PRNN_CLUSTER_CONFIG(E, KT, ROWS) \
-  { KT, ROWS, cluster_rnn_kernel<E, KT, ROWS> }
+  { KT, ROWS, (const void *)cluster_rnn_kernel<E, KT, ROWS> }
 
 /* The compiled shapes of each 16-bit dtype, smallest K extent first (cluster.cu). */
 const int cluster_config_count = 4; /* cluster.cu checks its tables' lengths against it */

@@ -250,6 +250,7 @@ struct ClusterCandidate {
   int rows;                /* rows of A per CTA */
   int smem_bytes;
   int max_group;           /* sequences a cluster can carry: 8 (tensor cores) or 1 (FFMA) */
+  bool fuses;              /* can run a fused layer (its input projection in the launch) */
   int room_slot;           /* index into g_cluster_room's kernels */
   int k_extent;            /* columns of A a CTA covers */
 };
@@ -265,8 +266,8 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     const ClusterConfig *table = is_half ? cluster_configs_f16 : cluster_configs_bf16;
     for (int i = 0; i < cluster_config_count; ++i)
       if (128 * (int64_t)table[i].k_tiles >= pb->hidden) {
-        c = {(const void *)table[i].kernel, table[i].rows, cluster_smem_bytes(128 * table[i].k_tiles, table[i].rows),
-             kClusterSeqs, is_half * cluster_config_count + i, 128 * table[i].k_tiles};
+        c = {table[i].kernel, table[i].rows, cluster_smem_bytes(128 * table[i].k_tiles, table[i].rows), kClusterSeqs,
+             cluster_fuses(table[i].rows), is_half * cluster_config_count + i, 128 * table[i].k_tiles};
         return c;
       }
   }
@@ -274,7 +275,7 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     const ClusterFfmaConfig &f = cluster_ffma_configs[i];
     if (f.dtype == pb->dtype && 128 * (int64_t)f.k_chunks >= pb->hidden) {
       c = {f.kernel, kClusterWarps * f.warp_rows,
-           cluster_ffma_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.warp_rows, f.reg_rows), 1,
+           cluster_ffma_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.warp_rows, f.reg_rows), 1, true,
            2 * cluster_config_count + i, 128 * f.k_chunks};
       return c;
     }
@@ -330,12 +331,12 @@ prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const De
 /* Whether `producer_ctas` CTAs computing the input projection keep ahead of
  * the recurrence: each does its share of a step's projection (batch x input x
  * hidden FMAs) at some multiple of the rate a stepping CTA does its rows x K
- * extent: about 1.6 in float32, the only dtype that fuses (bench/NOTES.md step
- * 31: at H = I = 1024, B = 4, 48 producer CTAs with 1.33 of a stepper's work
- * each finished alone in 0.82 of the recurrence's time, and the fused launch
- * took 0.88 of the GEMM and recurrence's), so each may take up to 1.4 of a
- * stepper's, which leaves room for the first chunk and for the steppers'
- * slowdown beside them. */
+ * extent: about 1.6 in float32 (bench/NOTES.md step 31: at H = I = 1024,
+ * B = 4, 48 producer CTAs with 1.33 of a stepper's work each finished alone
+ * in 0.82 of the recurrence's time, and the fused launch took 0.88 of the
+ * GEMM and recurrence's), so each may take up to 1.4 of a stepper's, which
+ * leaves room for the first chunk and for the steppers' slowdown beside
+ * them. The 16-bit producers multiply by mma and keep the same bound. */
 bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_ctas, const ClusterCandidate &cand) {
   const int64_t tile = kProjTile;
   const int64_t work = pb->batch * ((input + tile - 1) / tile * tile) * ((pb->hidden + tile - 1) / tile * tile);
@@ -349,7 +350,7 @@ bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_c
  * to the kernel's maximum (8, or 1 on the FFMA kernel) and clusters in turn:
  * they are independent, so that is safe, and in float32 it beat the grid tier
  * at every batch measured (bench/NOTES.md step 26). With input > 0 (the
- * fused layer), only the FFMA kernel with the clusters the batch leaves free
+ * fused layer), one sequence a cluster and the clusters the batch leaves free
  * computing xp, where they keep ahead; none otherwise. */
 prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device, const DeviceInfo &dev,
                              ClusterLaunch *c) {
@@ -367,7 +368,7 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device
   if (input > 0) { /* then one sequence a cluster: the batch is below the room */
     smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
     /* an item's 32 columns hold at least one step of the batch */
-    if (dev.fuse_projection < 0 || cand.max_group != 1 || pb->batch > kProjTile || smem > dev.smem_optin)
+    if (dev.fuse_projection < 0 || !cand.fuses || pb->batch > kProjTile || smem > dev.smem_optin)
       return PRNN_STATUS_SUCCESS;
     const prnn_status_t fst =
         cluster_room(&g_fused_room[device][cand.room_slot][ctas], cand.kernel, ctas, smem, dev, &room);

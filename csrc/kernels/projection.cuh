@@ -1,22 +1,22 @@
 /*
  * projection.cuh - a layer's input projection inside the recurrence's own
  * launch: xp = x W_ih^T + b_ih + b_hh, computed by CTAs the recurrence leaves
- * idle (the FFMA cluster kernel's first clusters: cluster_ffma.cuh), chunk
- * of steps by chunk of steps, while the other clusters step through the
- * chunks already done. It saves the separate GEMM's launches on the host
- * and, where the producers keep ahead (the planner's projection_keeps_up),
- * its time on the GPU (0.24 us/step in float32 at B = 4, H = 1024:
- * bench/NOTES.md steps 30 and 31).
+ * idle (a cluster kernel's first clusters: cluster_ffma.cuh in float32,
+ * cluster.cuh in 16 bits), chunk of steps by chunk of steps, while the other
+ * clusters step through the chunks already done. It saves the separate
+ * GEMM's launches on the host and, where the producers keep ahead (the
+ * planner's projection_keeps_up), its time on the GPU (0.24 us/step in
+ * float32 at B = 4, H = 1024: bench/NOTES.md steps 30 and 31).
  *
  * The work: xp [steps][batch][hidden] (E, contiguous, in the workspace) as
  * items of 32 rows (of W_ih) by the 32 columns (step, sequence) of a chunk
  * of 32 / batch steps, taken in chunk order by producer CTA j = j, j + P, ...
  * A CTA's 8 warps split an item's K (the input size) in blocks of 32; each
- * warp stages its blocks of W_ih and x as float32, row-major with swizzled
- * 16-byte chunks (proj_at), in its own shared memory, the next block (of this
- * item or the next) on its way by cp.async into a second buffer while one is
- * multiplied - and accumulates
- * a 4 x 8 tile per lane; the 8 partial tiles are summed through shared
+ * warp stages its blocks of W_ih and x at their width, row-major with
+ * swizzled 16-byte chunks (proj_at, proj_at16), in its own shared memory,
+ * the next block (of this item or the next) on its way into a second buffer
+ * while one is multiplied (FFMA in float32, mma in 16 bits), and accumulates
+ * a 32 x 32 partial tile in fp32; the 8 partial tiles are summed through shared
  * memory, the biases added, the result rounded to E and stored, and then the
  * chunk's flag counts the item: __syncthreads (every store of the CTA done),
  * a GPU-scope fence, an atomic add. A consumer waits (acquire) until its
@@ -27,6 +27,7 @@
 #ifndef PRNN_PROJECTION_CUH
 #define PRNN_PROJECTION_CUH
 
+#include "mma.cuh"
 #include "persistent.cuh"
 #include "rnn_math.cuh"
 
@@ -86,7 +87,7 @@ __device__ __forceinline__ unsigned load_acquire_u32(const unsigned *p) {
 
 /* global -> shared, asynchronously: 16 bytes of which the first src_bytes are
  * read and the rest zeroed, or 4 bytes (zeros where !valid; src unread then). */
-__device__ __forceinline__ void cp_async16(float *dst, const void *src, int src_bytes) {
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(src_bytes) : "memory");
 }
@@ -125,21 +126,28 @@ __device__ __forceinline__ ProjItem proj_item(int64_t item, int row_tiles, int c
   return it;
 }
 
+/* Element offset of (row r, k) in a staged 16-bit [32 rows][32 k] block:
+ * row-major, its four 16-byte chunks XORed by r / 2 % 4, so that ldmatrix's 8
+ * rows of one chunk and the 16-byte copies hit 8 different 16-byte bank groups. */
+__device__ __forceinline__ int proj_at16(int r, int k) { return r * 32 + ((((k >> 3) ^ (r >> 1)) & 3) << 3) + (k & 7); }
+
 /* Producer CTA `worker` of `workers`: every item it owns, in chunk order. The
  * 8 warps split an item's K in blocks of 32; each warp stages its blocks
- * (W_ih's 32 rows and x's 32 columns, as float32) in its own buffers and
- * accumulates a 4 x 8 tile per lane; while it multiplies one block, the next
- * one - of this item or, past its last, of the next item - is on its way by
- * cp.async into the other buffer (16 bytes a lane where x and W_ih are
- * 16-byte aligned along K, else 4). The 8 partial tiles are summed through
- * shared memory, the biases added, the result stored, and then the chunk's
- * flag counts the item. float32 only: the FFMA cluster kernel, the only one
- * that fuses, runs float32 alone. */
+ * (W_ih's 32 rows and x's 32 columns, at the element width) in its own
+ * buffers; while it multiplies one block, the next one - of this item or,
+ * past its last, of the next item - is on its way by cp.async into the other
+ * buffer (16 bytes a lane where x and W_ih are 16-byte aligned along K; else
+ * 4-byte copies in float32, plain loads and stores in 16 bits). float32
+ * multiplies by FFMA, a 4 x 8 tile per lane; the 16-bit dtypes by mma
+ * (fp32 sums), 2 x 4 tiles of 16 x 8 per warp. The 8 partial tiles are summed
+ * through shared memory, the biases added, the result rounded to E and
+ * stored, and then the chunk's flag counts the item. */
 template <typename E>
 __device__ void project_inputs(const RecurrenceParams &p, const InputProjection &q, float *smem, int worker,
                                int workers) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(sizeof(E) == 4, "the producers stage float32 by cp.async");
+  constexpr bool F32 = sizeof(E) == 4;
+  constexpr int V = 16 / (int)sizeof(E); /* elements per 16-byte copy */
   const E *X = static_cast<const E *>(q.x);
   const E *W = static_cast<const E *>(q.w);
   const E *b_ih = static_cast<const E *>(q.b_ih);
@@ -159,29 +167,34 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
   __syncthreads();
 
   /* 16-byte copies need 16-byte aligned sources along every row of W_ih and x */
-  const bool wide = ((uintptr_t)X % 16 == 0) && ((uintptr_t)W % 16 == 0) && q.w_stride % 4 == 0 &&
-                    q.x_stride_t % 4 == 0 && q.x_stride_b % 4 == 0;
+  const bool wide = ((uintptr_t)X % 16 == 0) && ((uintptr_t)W % 16 == 0) && q.w_stride % V == 0 &&
+                    q.x_stride_t % V == 0 && q.x_stride_b % V == 0;
   const int k_first = warp * kProjTile, kstep = 8 * kProjTile;
   const int blocks = k_first < I ? (I - k_first + kstep - 1) / kstep : 0; /* this warp's K blocks of an item */
 
-  /* Stage block kb of item `it` into buffer `buf`. 16 bytes: lane copies
-   * chunk lane % 8 of rows (columns) 4 i + lane / 8; otherwise lane copies
-   * k = kb + lane of each. */
+  /* Stage block kb of item `it` into buffer `buf`. float32, 16 bytes: lane
+   * copies chunk lane % 8 of rows (columns) 4 i + lane / 8; 4 bytes: lane
+   * copies k = kb + lane of each. 16-bit, 16 bytes: chunk lane % 4 of rows
+   * 8 i + lane / 4; else k = kb + lane of each, through registers. */
   auto stage = [&](const ProjItem &it, int kb, int buf) {
     if (PRNN_PROJ_ABLATE & 4) return;
     float *wb = ws + buf * 2 * kProjBlockFloats, *xb = wb + kProjBlockFloats;
     const E *x_chunk = X + (int64_t)it.t0 * q.x_stride_t;
     if (wide) {
-      const int k = kb + 4 * (lane & 7), rest = I - k;
-      const int bytes = rest >= 4 ? 16 : rest > 0 ? 4 * rest : 0;
+      constexpr int ROWS_PER_COPY = 32 / (kProjTile / V); /* rows one warp-wide copy covers: 4 or 8 */
+      const int k = kb + V * (lane % (kProjTile / V)), rest = I - k;
+      const int bytes = rest >= V ? 16 : rest > 0 ? (int)sizeof(E) * rest : 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = 4 * i + (lane >> 3);
+      for (int i = 0; i < kProjTile / ROWS_PER_COPY; ++i) {
+        const int r = ROWS_PER_COPY * i + lane / (kProjTile / V);
         const bool w_ok = it.row0 + r < H && bytes > 0, x_ok = r < it.cols && bytes > 0;
-        cp_async16(&wb[proj_at(r, k - kb)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok ? bytes : 0);
-        cp_async16(&xb[proj_at(r, k - kb)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok ? bytes : 0);
+        const int at = F32 ? proj_at(r, k - kb) : proj_at16(r, k - kb);
+        cp_async16(F32 ? (void *)&wb[at] : (void *)((unsigned short *)wb + at),
+                   w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok ? bytes : 0);
+        cp_async16(F32 ? (void *)&xb[at] : (void *)((unsigned short *)xb + at),
+                   x_ok ? x_chunk + col_offsets[r] + k : X, x_ok ? bytes : 0);
       }
-    } else {
+    } else if constexpr (F32) {
       const int k = kb + lane;
 #pragma unroll 8
       for (int r = 0; r < 32; ++r) {
@@ -189,31 +202,65 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
         cp_async4(&wb[proj_at(r, lane)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok);
         cp_async4(&xb[proj_at(r, lane)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok);
       }
+    } else { /* 2-byte aligned rows: no cp.async that narrow */
+      const int k = kb + lane;
+      unsigned short *wb16 = reinterpret_cast<unsigned short *>(wb), *xb16 = reinterpret_cast<unsigned short *>(xb);
+#pragma unroll 8
+      for (int r = 0; r < 32; ++r) {
+        const bool w_ok = it.row0 + r < H && k < I, x_ok = r < it.cols && k < I;
+        wb16[proj_at16(r, lane)] = w_ok ? (unsigned short)bits16(W[(int64_t)(it.row0 + r) * q.w_stride + k]) : 0;
+        xb16[proj_at16(r, lane)] = x_ok ? (unsigned short)bits16(x_chunk[col_offsets[r] + k]) : 0;
+      }
     }
   };
 
-  const int lr = lane >> 2, lc = lane & 3; /* this lane's rows 4 lr .. + 3 and columns 8 lc .. + 7 */
-  float acc[4][8];
-  /* The multiply of one staged block, 4 k at a time: 4 rows and 8 columns of 16 bytes each. */
+  /* float32: this lane's rows 4 lr .. + 3 and columns 8 lc .. + 7, acc[8 j + c];
+   * 16-bit: mma tile (m, n) = rows 16 m .., columns 8 n .., its C fragment at acc[4 (4 m + n)]. */
+  const int lr = lane >> 2, lc = lane & 3;
+  float acc[32];
+  /* The multiply of one staged block. */
   auto multiply = [&](const float *wb, const float *xb) {
-    float4 a[4], x[8];
+    if constexpr (F32) { /* 4 k at a time: 4 rows and 8 columns of 16 bytes each */
+      float4 a[4], x[8];
 #pragma unroll 2
-    for (int kq = 0; kq < kProjTile; kq += 4) {
-      if (!(PRNN_PROJ_ABLATE & 2) || kq == 0) {
+      for (int kq = 0; kq < kProjTile; kq += 4) {
+        if (!(PRNN_PROJ_ABLATE & 2) || kq == 0) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
+          for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
 #pragma unroll
-        for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
+          for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
+        }
+        /* k outermost: the 32 FMAs in a row update 32 different sums */
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < 8; ++c)
+              acc[8 * j + c] = fmaf(reinterpret_cast<const float *>(&a[j])[kk],
+                                    reinterpret_cast<const float *>(&x[c])[kk], acc[8 * j + c]);
       }
-      /* k outermost: the 32 FMAs in a row update 32 different sums */
+    } else { /* A = W_ih rows (2 m-tiles x 2 k-tiles), B = x columns (4 n-tiles), as the cluster kernel's */
+      const uint32_t wbase = (uint32_t)__cvta_generic_to_shared(wb), xbase = (uint32_t)__cvta_generic_to_shared(xb);
+      uint32_t a[2][2][4], b[4][4];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int kt = 0; kt < 2; ++kt)
+          ldmatrix_x4(wbase + 2u * (uint32_t)proj_at16(16 * m + (lane & 15), 16 * kt + 8 * (lane >> 4)), a[m][kt][0],
+                      a[m][kt][1], a[m][kt][2], a[m][kt][3]);
 #pragma unroll
-          for (int c = 0; c < 8; ++c)
-            acc[j][c] = fmaf(reinterpret_cast<const float *>(&a[j])[kk], reinterpret_cast<const float *>(&x[c])[kk],
-                             acc[j][c]);
+      for (int n = 0; n < 4; ++n) /* matrices k 0-7, 8-15 (k-tile 0), 16-23, 24-31 (k-tile 1) */
+        ldmatrix_x4(xbase + 2u * (uint32_t)proj_at16(8 * n + (lane & 7), 8 * (lane >> 3)), b[n][0], b[n][1], b[n][2],
+                    b[n][3]);
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int n = 0; n < 4; ++n)
+            MmaOp<E>::run(*reinterpret_cast<float(*)[4]>(&acc[4 * (4 * m + n)]), a[m][kt], b[n][2 * kt],
+                          b[n][2 * kt + 1]);
     }
   };
 
@@ -224,9 +271,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
   int buf = 0;
   for (;;) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 8; ++c) acc[j][c] = 0.f;
+    for (int j = 0; j < 32; ++j) acc[j] = 0.f;
     for (int b = 0; b < blocks; ++b) {
       /* the block after this one: this item's next, or the next item's first */
       const bool last = b + 1 == blocks, more = !last || item + workers < items;
@@ -246,10 +291,24 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
      * .. + 3, summed over the warps; 8 threads store one column's 32 rows,
      * consecutive in xp. */
     float *mine = partials + warp * kProjBlockFloats;
+    if constexpr (F32) {
 #pragma unroll
-    for (int c = 0; c < 8; ++c)
-      *reinterpret_cast<float4 *>(&mine[proj_partial_at(8 * lc + c, 4 * lr)]) =
-          make_float4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
+      for (int c = 0; c < 8; ++c)
+        *reinterpret_cast<float4 *>(&mine[proj_partial_at(8 * lc + c, 4 * lr)]) =
+            make_float4(acc[c], acc[8 + c], acc[16 + c], acc[24 + c]);
+    } else { /* C fragment: rows 16 m + lr (+ 8), columns 8 n + 2 lc (+ 1) */
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const float *c = &acc[4 * (4 * m + n)];
+          const int row = 16 * m + lr, col = 8 * n + 2 * lc;
+          mine[proj_partial_at(col, row)] = c[0];
+          mine[proj_partial_at(col + 1, row)] = c[1];
+          mine[proj_partial_at(col, row + 8)] = c[2];
+          mine[proj_partial_at(col + 1, row + 8)] = c[3];
+        }
+    }
     __syncthreads();
     const int n = tid >> 3, r0 = 4 * (tid & 7);
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -293,6 +352,16 @@ __device__ __forceinline__ void wait_projection(const InputProjection &q, int hi
   unsigned long long since = 0;
   for (unsigned round = 1; load_acquire_u32(&q.flags[chunk]) < want; ++round) watchdog(round, &since);
 #endif
+}
+/* The same for a whole warp, called by all its lanes: lane 0 polls, and the
+ * warp barrier orders the other lanes' later loads after its acquire. One
+ * acquire a warp, not 32: with every lane polling, the tensor-core kernel's
+ * steppers took 1.16-1.22 us/step against 1.05-1.07 without waits
+ * (bench/NOTES.md step 33). The FFMA kernel keeps the per-thread wait: it
+ * has no register left for the warp's (it spilled). */
+__device__ __forceinline__ void wait_projection_warp(const InputProjection &q, int hidden, int chunk) {
+  if ((threadIdx.x & 31) == 0) wait_projection(q, hidden, chunk);
+  __syncwarp();
 }
 
 }  // namespace prnn
