@@ -65,7 +65,7 @@ prnn_backward_args_t backward_args(const at::Tensor& grad_y, const at::Tensor& y
 void check_status(const char* op, prnn_status_t status);
 
 // The rest of prnn::backward from delta = grad_xp [T,B,H], on any device:
-//   grad_w_hh = delta_0^T h0 + sum_{t>=1} delta_t^T y_{t-1},  grad_h0 = delta_0 w_hh.
+//   grad_w_hh = sum_t delta_t^T s_{t-1} (s_{-1} = h0, s_t = y_t),  grad_h0 = delta_0 w_hh.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor& grad_xp,
                                                                const at::Tensor& y,
                                                                const at::Tensor& h0,
