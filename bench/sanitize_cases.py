@@ -54,7 +54,8 @@ LAYER_CASES = [  # (T, B, I, H, dtype, with lengths): the projection fused, seve
     # racecheck slows the producers' shared-memory traffic past the steppers' 20 s watchdog at I = 1000, T = 40
     (20, 4, 36, 1024, torch.float32, True),
     (9, 3, 33, 1100, torch.float32, False),
-    (9, 3, 33, 1000, torch.bfloat16, True),  # 16-bit producers (mma)
+    (9, 3, 33, 1000, torch.bfloat16, True),  # 16-bit producers (mma), rows 2-byte aligned: plain loads
+    (9, 2, 40, 1024, torch.float16, False),  # rows 16-byte aligned: cp.async
     (70, 1, 7, 129, torch.float32, False),
 ]
 

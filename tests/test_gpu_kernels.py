@@ -92,8 +92,8 @@ def check_backward(T, B, H, dtype, nonlinearity, lengths=False, seed=0):
 SIZES = [  # (T, B, H): every H, B and T the issue names, each at least once
     (1, 1, 1), (2, 3, 7), (255, 4, 33), (2, 17, 129), (255, 1, 1000), (255, 4, 1024),
     (2, 17, 1024), (255, 3, 2048), (1, 4, 2048), (255, 4, 2816), (2, 1, 2816), (255, 17, 7),
-    # cluster tier boundaries: 16 bits 5 CTAs x 3 clusters; the FFMA kernel's first and
-    # last H of 72 rows a CTA; the first size past one cluster
+    # cluster tier boundaries: 16 bits 5 CTAs x 3 clusters; the first and last H of 72
+    # rows a CTA (both cluster kernels); the first size past one cluster
     (100, 20, 300), (50, 2, 1025), (50, 3, 1152), (20, 2, 1153),
 ]
 
@@ -156,6 +156,11 @@ def test_cluster_tier_choice():
                     assert groups == B, (H, B, p)
                 else:  # one sequence per cluster if they all fit at once; groups of 8 only when they must
                     assert groups == B or groups == -(-B // 8) or groups * ctas <= sms, (H, B, p)
+                    if H > 1024:  # the tensor-core kernel's 72-row shape, not the FFMA kernel's
+                        # cluster_smem_bytes(1152, 72): 128 + 1152 (72 + 8) 2 for staging W_hh^T
+                        assert p["smem_bytes"] == 128 + 1152 * 80 * 2, p
+                        if B * ctas > sms:  # not one sequence a cluster: grouped
+                            assert groups < B, (H, B, p)
         assert torch_prnn.plan(4, batch=3, dtype=dtype, device="cuda")["grid"] == 2 * 3
         expected = 16 * 200 if dtype == torch.float32 else 16 * 25
         assert torch_prnn.plan(1024, batch=200, dtype=dtype, device="cuda")["grid"] == expected
@@ -290,7 +295,7 @@ def test_fused_layer_choice():
     assert p["tier"] == "persistent_cluster" and p["workspace_bytes"] >= 256 * 2 * 1024 * 4, p
 
 
-FUSED_CASES = [  # (dtype, H, I, B): the FFMA kernel's shapes, odd input sizes, the largest batches fused
+FUSED_CASES = [  # (dtype, H, I, B): both kernels' shapes, odd input sizes, the largest batches fused
     (torch.float32, 1024, 1024, 4), (torch.float32, 1024, 1000, 1), (torch.float32, 1000, 7, 3),
     (torch.float32, 129, 1000, 2), (torch.float32, 1152, 33, 4), (torch.float32, 1, 1, 1), (torch.float32, 7, 1, 3),
     (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.float32, 1100, 1100, 2),
@@ -306,8 +311,9 @@ def test_fused_layer(dtype, H, I, B, bias, nonlinearity):
     """prnn::layer with its input projection in the recurrence's launch, on
     strided x and w_ih, with and without biases and lengths, against float64;
     T = 255 is many chunks of steps (32 columns of (step, sequence) each).
-    Rows of x and w_ih 16-byte aligned (float32 staged 16 bytes at a time,
-    the last chunk of K partly when I % 4 != 0) and not (4 bytes at a time)."""
+    Rows of x and w_ih 16-byte aligned (staged 16 bytes at a time, the last
+    chunk of K partly when I is not a multiple of 16 bytes) and not (float32
+    4 bytes at a time, 16-bit by plain loads)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", input_size=I)["fused_input_projection"]
@@ -317,15 +323,18 @@ def test_fused_layer(dtype, H, I, B, bias, nonlinearity):
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
-def test_fused_layer_graph_streams_and_busy_gpu():
-    """The fused layer captured in a CUDA graph and replayed on new x; two at
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_layer_graph_streams_and_busy_gpu(dtype):
+    """The fused layer (the FFMA kernel's in float32, the tensor-core
+    kernel's in bf16) captured in a CUDA graph and replayed on new x; two at
     once on their own streams; one launched while another stream keeps the
     SMs busy (its producers and steppers must all be resident: a wait, not a
     deadlock)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
     T, B, I, H = 64, 2, 1024, 1024
-    x, w_ih, b_ih, b_hh, h0, w_hh, _ = make_layer(T, B, I, H, torch.float32, seed=60)
+    assert torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda", input_size=I)["fused_input_projection"]
+    x, w_ih, b_ih, b_hh, h0, w_hh, _ = make_layer(T, B, I, H, dtype, seed=60)
     static_x = x.clone()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -336,13 +345,13 @@ def test_fused_layer_graph_streams_and_busy_gpu():
     with torch.cuda.graph(graph):
         static_y = torch.ops.prnn.layer(static_x, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
     for seed in range(3):
-        fresh = make_layer(T, B, I, H, torch.float32, seed=61 + seed)[0]
+        fresh = make_layer(T, B, I, H, dtype, seed=61 + seed)[0]
         static_x.copy_(fresh)
         graph.replay()
         expected = torch.ops.prnn.layer(fresh, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
         torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
 
-    problems = [make_layer(200, B, I, H, torch.float32, seed=70 + i, aligned=i == 1) for i in range(2)]
+    problems = [make_layer(200, B, I, H, dtype, seed=70 + i, aligned=i == 1) for i in range(2)]
     streams = [torch.cuda.Stream() for _ in problems]
     torch.cuda.synchronize()
     outs = []
@@ -351,7 +360,8 @@ def test_fused_layer_graph_streams_and_busy_gpu():
             outs.append(torch.ops.prnn.layer(*args, "tanh"))
     torch.cuda.synchronize()
     for args, y in zip(problems, outs):
-        assert rel_err(y, layer_reference(*[a.double() if torch.is_tensor(a) else a for a in args], "tanh")) < 1e-5
+        ref = layer_reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args], "tanh")
+        assert rel_err(y, ref) < max(TOL[dtype], 1e-5)
 
     busy = torch.randn(4096, 4096, device="cuda")
     other = torch.cuda.Stream()

@@ -3,7 +3,8 @@
  * (forward and backward-data), sm_90 and later.
  *
  * One thread-block cluster of C <= 16 CTAs (co-scheduled by the hardware, so
- * no cooperative launch and no deadlock) holds all of A (W_hh forward, W_hh^T
+ * no cooperative launch and no deadlock; a fused layer's launch, whose
+ * steppers wait for its producers, is cooperative) holds all of A (W_hh forward, W_hh^T
  * backward) in its register files as tensor-core fragments and runs all T
  * steps for one group of up to 8 sequences. Clusters of other groups never
  * talk to each other, so a batch of any size is just more clusters; the

@@ -198,7 +198,7 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, int device, const Devi
 struct ClusterLaunch {
   const void *kernel;      /* NULL: the problem does not take a cluster tier */
   int ctas;                /* cluster size: one CTA per rows_per_cta rows, at least two (8 on the cluster grid) */
-  int rows_per_cta;        /* 64, 8 WR on the FFMA kernel, 20 on the cluster grid */
+  int rows_per_cta;        /* 64 or 72 on the tensor-core kernel, 8 WR on the FFMA kernel, 20 on the cluster grid */
   int group_seqs;          /* sequences per cluster, 1..8 (1 on the FFMA kernel; unused on the cluster grid) */
   int grid;                /* ctas x groups, or 8 G on the cluster grid */
   int smem_bytes;
@@ -503,7 +503,7 @@ prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, In
       : c.producers > 0 ? cooperative_cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, attrs)
                         : cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
   void *args[] = {&params, &proj};
-  const cudaError_t err = cudaLaunchKernelExC(&cfg, c.kernel, args); /* proj only for the FFMA kernel */
+  const cudaError_t err = cudaLaunchKernelExC(&cfg, c.kernel, args); /* proj only for the cluster kernels */
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster kernel)");
   return PRNN_STATUS_SUCCESS;
 }

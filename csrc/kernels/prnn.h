@@ -91,11 +91,10 @@ typedef enum prnn_tier {
   PRNN_TIER_PERSISTENT_REGISTERS = 2, /* one persistent kernel, W_hh in registers */
   PRNN_TIER_PERSISTENT_SHARED = 3,  /* one persistent kernel, W_hh in registers + shared memory */
   PRNN_TIER_STEPWISE = 4,           /* one kernel per step, W_hh re-read from L2/HBM */
-  PRNN_TIER_PERSISTENT_CLUSTER = 5, /* thread-block clusters (sm_90+, H <= 1152): 16-bit up to
-                                       H = 1024, up to 8 sequences a cluster, W_hh in registers
-                                       as tensor-core fragments; float32, and 16-bit past 1024,
-                                       one sequence a cluster, W_hh in registers and shared
-                                       memory, FFMA */
+  PRNN_TIER_PERSISTENT_CLUSTER = 5, /* thread-block clusters (sm_90+, H <= 1152): 16-bit, up
+                                       to 8 sequences a cluster, W_hh in registers as
+                                       tensor-core fragments; float32, one sequence a cluster,
+                                       W_hh in registers and shared memory, FFMA */
   PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6 /* several clusters at once (sm_90, H 1153 to 2048, B >= 5):
                                        W_hh over ceil(H / 160) clusters of 8 CTAs (8 to 13), 20
                                        rows a CTA, 4 of each warp's 5 rows in registers and 1 in

@@ -42,8 +42,8 @@
 namespace prnn {
 
 /* The projection's operands: x [steps][batch][input] times W_ih^T
- * [input][hidden] plus both biases, into the pass's `in`. The FFMA cluster
- * kernel's second parameter, so that the other kernels' parameter block keeps
+ * [input][hidden] plus both biases, into the pass's `in`. The cluster
+ * kernels' second parameter, so that the other kernels' parameter block keeps
  * its size (one more field in it turned 212 registers of the sm_80 float32
  * grid-tier kernel into 255 and a spill). */
 struct InputProjection {

@@ -383,7 +383,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
   // Every step in one GEMM over the flattened (step, batch) rows, against
   // the state before each step (h0, then y_0 .. y_{T-2}). The t = 0 term as a
   // GEMM of its own (K = batch) made cuBLAS load a kernel that took 30-40 ms
-  // on its first call (bench/NOTES.md step 33); the copy costs T B H elements.
+  // on its first call (bench/NOTES.md step 33; at T = 1 K is the batch
+  // again); the copy costs T B H elements.
   const at::Tensor prev = at::cat({h0.unsqueeze(0), y.slice(0, 0, T - 1)}, 0);
   at::Tensor grad_w_hh = as_rows(grad_xp).t().mm(as_rows(prev));
   return {grad_xp, delta0.mm(w_hh), grad_w_hh};
