@@ -15,24 +15,18 @@ namespace prnn {
 /* D = A B + D for a 16 x 16 A (row-major fragments a[4]), a 16 x 8 B (b0, b1)
  * and a 16 x 8 fp32 D. */
 template <typename E> struct MmaOp;
-template <> struct MmaOp<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct MmaOp<__half> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+#define PRNN_MMA_OP(E, PTX_TYPE)                                                                            \
+  template <> struct MmaOp<E> {                                                                             \
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE                           \
+                   ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                            \
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                         \
+    }                                                                                                       \
+  };
+PRNN_MMA_OP(__nv_bfloat16, "bf16")
+PRNN_MMA_OP(__half, "f16")
+#undef PRNN_MMA_OP
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* 8 x 8 16-bit matrices from shared memory: x4 takes the row addresses of
