@@ -503,7 +503,7 @@ prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, In
       : c.producers > 0 ? cooperative_cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, attrs)
                         : cluster_launch_config(c.grid, c.ctas, c.smem_bytes, stream, &attrs[0]);
   void *args[] = {&params, &proj};
-  const cudaError_t err = cudaLaunchKernelExC(&cfg, c.kernel, args); /* proj only for the cluster kernels */
+  const cudaError_t err = cudaLaunchKernelExC(&cfg, c.kernel, args); /* the cluster grid kernel takes params alone */
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(cluster kernel)");
   return PRNN_STATUS_SUCCESS;
 }
