@@ -194,22 +194,20 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
         cp_async16(F32 ? (void *)&xb[at] : (void *)((unsigned short *)xb + at),
                    x_ok ? x_chunk + col_offsets[r] + k : X, x_ok ? bytes : 0);
       }
-    } else if constexpr (F32) {
+    } else { /* rows only 4- (float32) or 2-byte aligned: k = kb + lane of each row */
       const int k = kb + lane;
 #pragma unroll 8
       for (int r = 0; r < 32; ++r) {
         const bool w_ok = it.row0 + r < H && k < I, x_ok = r < it.cols && k < I;
-        cp_async4(&wb[proj_at(r, lane)], w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W, w_ok);
-        cp_async4(&xb[proj_at(r, lane)], x_ok ? x_chunk + col_offsets[r] + k : X, x_ok);
-      }
-    } else { /* 2-byte aligned rows: no cp.async that narrow */
-      const int k = kb + lane;
-      unsigned short *wb16 = reinterpret_cast<unsigned short *>(wb), *xb16 = reinterpret_cast<unsigned short *>(xb);
-#pragma unroll 8
-      for (int r = 0; r < 32; ++r) {
-        const bool w_ok = it.row0 + r < H && k < I, x_ok = r < it.cols && k < I;
-        wb16[proj_at16(r, lane)] = w_ok ? (unsigned short)bits16(W[(int64_t)(it.row0 + r) * q.w_stride + k]) : 0;
-        xb16[proj_at16(r, lane)] = x_ok ? (unsigned short)bits16(x_chunk[col_offsets[r] + k]) : 0;
+        const E *w_src = w_ok ? W + (int64_t)(it.row0 + r) * q.w_stride + k : W;
+        const E *x_src = x_ok ? x_chunk + col_offsets[r] + k : X;
+        if constexpr (F32) {
+          cp_async4(&wb[proj_at(r, lane)], w_src, w_ok);
+          cp_async4(&xb[proj_at(r, lane)], x_src, x_ok);
+        } else { /* no cp.async that narrow: through registers */
+          reinterpret_cast<unsigned short *>(wb)[proj_at16(r, lane)] = w_ok ? (unsigned short)bits16(*w_src) : 0;
+          reinterpret_cast<unsigned short *>(xb)[proj_at16(r, lane)] = x_ok ? (unsigned short)bits16(*x_src) : 0;
+        }
       }
     }
   };
