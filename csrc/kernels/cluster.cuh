@@ -386,11 +386,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     o_valid[i] = lane + 32 * i < ROWS && row0 + lane + 32 * i < H && warp < live;
   }
   /* xp of a step is read once its chunk's flag is full: here steps 0-2, in the loop step s + 3 (the
-   * warps of live sequences only: the others load nothing) */
-  const int chunk_steps = projection_chunk_steps(B);
-  const bool waits = producers > 0 && warp < live;
-  if (waits)
-    for (int c = 0; c <= (T < 3 ? T - 1 : 2) / chunk_steps; ++c) wait_projection_warp(proj, H, c);
+   * warps of live sequences only: the others load nothing). ready_step: the first step whose xp is
+   * not known stored. */
+  int ready_step = producers > 0 && warp < live ? 0 : 0x7fffffff;
+  for (int s0 = 0; s0 < (T < 3 ? T : 3); ++s0)
+    ready_step = wait_projection_step(p, proj, s0, ready_step);
   load_operands(0, o_op);
   if (T > 1) load_operands(1, next_op);
   if (T > 2) load_operands(2, after_op);
@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
         next_op[i] = after_op[i];
       }
       if (s + 3 < T && !(PRNN_CLUSTER_ABLATE & 4)) {
-        if (waits && (s + 3) % chunk_steps == 0) wait_projection_warp(proj, H, (s + 3) / chunk_steps);
+        if (s + 3 >= ready_step) ready_step = wait_projection_step(p, proj, s + 3, ready_step);
         load_operands(s + 3, after_op);
       }
     }

@@ -266,9 +266,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     return (o_valid && p.backward) ? to_accum(yfwd[((size_t)t * B + seq) * H + o_row]) : 0.f;
   };
   /* xp of a step is read once its chunk's flag is full: here steps 0-2, in the loop step s + 3. */
-  const int chunk_steps = projection_chunk_steps(B);
-  if (producers > 0)
-    for (int c = 0; c <= (T < 3 ? T - 1 : 2) / chunk_steps; ++c) wait_projection(q, H, c);
+  int ready_step = producers > 0 ? 0 : 0x7fffffff; /* the first step whose xp is not known stored */
+  for (int s0 = 0; s0 < (T < 3 ? T : 3); ++s0) ready_step = wait_projection_step(p, q, s0, ready_step);
   float o_in = load_in(0), o_y = load_y(0);
   float next_in = T > 1 ? load_in(1) : 0.f, next_y = T > 1 ? load_y(1) : 0.f;
   float after_in = T > 2 ? load_in(2) : 0.f, after_y = T > 2 ? load_y(2) : 0.f;
@@ -364,7 +363,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       next_in = after_in;
       next_y = after_y;
       if (s + 3 < T) {
-        if (producers > 0 && (s + 3) % chunk_steps == 0) wait_projection(q, H, (s + 3) / chunk_steps);
+        if (s + 3 >= ready_step) ready_step = wait_projection_step(p, q, s + 3, ready_step);
         after_in = load_in(s + 3);
         after_y = load_y(s + 3);
       }

@@ -19,10 +19,11 @@
  * a 32 x 32 partial tile in fp32; the 8 partial tiles are summed through shared
  * memory, the biases added, the result rounded to E and stored, and then the
  * chunk's flag counts the item: __syncthreads (every store of the CTA done),
- * a GPU-scope fence, an atomic add. A consumer waits (acquire) until its
- * chunk's flag counts every row tile, then reads xp with ld.global.cg: L1 is
- * not coherent, and a line it read before the flag could straddle into the
- * next chunk.
+ * a GPU-scope fence, an atomic add. A consumer warp waits (acquire) until its
+ * chunk's flag counts every row tile - reading the next 31 chunks' flags in
+ * the same round trip, so that it waits again only past the run found
+ * complete - then reads xp with ld.global.cg: L1 is not coherent, and a line
+ * it read before the flag could straddle into the next chunk.
  */
 #ifndef PRNN_PROJECTION_CUH
 #define PRNN_PROJECTION_CUH
@@ -343,23 +344,42 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
 #endif
 }
 
-/* A consumer's wait for chunk `chunk` of xp (every row tile stored). */
-__device__ __forceinline__ void wait_projection(const InputProjection &q, int hidden, int chunk) {
+/* A warp's wait for chunk `chunk` of xp (every row tile stored), called by
+ * all its lanes: lane l reads the flag of chunk `chunk` + l (acquire), so one
+ * round trip sees 32 chunks, and the warp barrier orders every lane's later
+ * loads after those acquires. Returns the end of the run of complete chunks
+ * from `chunk` (warp-uniform; `chunks`, the launch's count, and past it count
+ * as complete): with the producers ahead, the waits for the chunks before it
+ * cost nothing. One acquire per chunk (lane 0, then the warp barrier) took
+ * a round trip to L2 at every chunk on the steppers' critical path. */
+__device__ __forceinline__ int wait_projection_run(const InputProjection &q, int hidden, int chunk, int chunks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(PRNN_PROJ_LAB_NO_WAIT) /* lab: time without waits */
   const unsigned want = (unsigned)((hidden + kProjTile - 1) / kProjTile);
+  const int c = chunk + (int)(threadIdx.x & 31);
   unsigned long long since = 0;
-  for (unsigned round = 1; load_acquire_u32(&q.flags[chunk]) < want; ++round) watchdog(round, &since);
+  for (unsigned round = 1;; ++round) {
+    const bool complete = c >= chunks || load_acquire_u32(&q.flags[c]) >= want;
+    const unsigned missing = __ballot_sync(0xffffffffu, !complete);
+    if ((missing & 1u) == 0) {
+      __syncwarp();
+      return missing ? chunk + __ffs(missing) - 1 : chunk + 32;
+    }
+    watchdog(round, &since);
+  }
+#else
+  return chunks;
 #endif
 }
-/* The same for a whole warp, called by all its lanes: lane 0 polls, and the
- * warp barrier orders the other lanes' later loads after its acquire. One
- * acquire a warp, not 32: with every lane polling, the tensor-core kernel's
- * steppers took 1.16-1.22 us/step against 1.05-1.07 without waits
- * (bench/NOTES.md step 33). The FFMA kernel keeps the per-thread wait: it
- * has no register left for the warp's (it spilled). */
-__device__ __forceinline__ void wait_projection_warp(const InputProjection &q, int hidden, int chunk) {
-  if ((threadIdx.x & 31) == 0) wait_projection(q, hidden, chunk);
-  __syncwarp();
+
+/* The first step of xp not yet known stored, after making sure step `s` is
+ * (`ready_step`: the one before); steps come in chunks of
+ * projection_chunk_steps(batch). From the kernel's parameters, so that the
+ * chunk sizes cost no registers in the step loop. */
+__device__ __forceinline__ int wait_projection_step(const RecurrenceParams &p, const InputProjection &q, int s,
+                                                    int ready_step) {
+  if (s < ready_step) return ready_step;
+  const int chunk_steps = projection_chunk_steps(p.batch);
+  return chunk_steps * wait_projection_run(q, p.hidden, s / chunk_steps, (p.steps + chunk_steps - 1) / chunk_steps);
 }
 
 }  // namespace prnn
