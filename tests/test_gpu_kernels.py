@@ -268,7 +268,7 @@ def check_layer(T, B, I, H, dtype, nonlinearity="tanh", bias=True, lengths=False
 def test_fused_layer_choice():
     """Where prnn::layer computes its input projection inside the recurrence's
     launch: a cluster kernel's forward (the FFMA kernel's, float32; the
-    tensor-core kernel's at 64 rows a CTA, H <= 1024, 16-bit), with clusters
+    tensor-core kernel's, 16-bit, H <= 1152), with clusters
     to spare beside the batch's that keep ahead of it (H200: 7 clusters of 16
     CTAs at H = 1024, so B <= 4 at I = H; from B = 5 on too few are left, at
     B = 7 none)."""
@@ -281,9 +281,10 @@ def test_fused_layer_choice():
 
     for B in (1, 2, 4):
         assert fused(1024, B, 1024) and fused(1152, B, 1152), B
-    for dtype in (torch.bfloat16, torch.float16):  # the tensor-core kernel: R = 64 fuses, R = 72 does not
+    for dtype in (torch.bfloat16, torch.float16):  # the tensor-core kernel, R = 64 and 72
         assert fused(1024, 4, 1024, dtype) and fused(7, 1, 1, dtype) and fused(513, 3, 129, dtype)
-        assert not fused(1024, 5, 1024, dtype) and not fused(1025, 1, 1025, dtype)
+        assert fused(1025, 1, 1025, dtype) and fused(1152, 4, 1152, dtype)
+        assert not fused(1024, 5, 1024, dtype) and not fused(1152, 5, 1152, dtype)
     assert fused(512, 4, 512) and fused(7, 1, 1) and fused(1024, 4, 33)
     for B in (5, 6, 7, 17):
         assert not fused(1024, B, 1024), B
@@ -301,7 +302,8 @@ FUSED_CASES = [  # (dtype, H, I, B): both kernels' shapes, odd input sizes, the 
     (torch.float32, 513, 513, 4), (torch.float32, 256, 300, 5), (torch.float32, 1100, 1100, 2),
     (torch.float32, 1025, 129, 3), (torch.bfloat16, 1024, 1024, 4), (torch.float16, 1024, 1000, 1),
     (torch.bfloat16, 1000, 7, 3), (torch.float16, 129, 1000, 2), (torch.bfloat16, 1, 1, 1), (torch.float16, 7, 1, 3),
-    (torch.bfloat16, 513, 513, 4), (torch.float16, 256, 300, 5)]
+    (torch.bfloat16, 513, 513, 4), (torch.float16, 256, 300, 5), (torch.bfloat16, 1152, 1152, 4),
+    (torch.float16, 1100, 33, 2), (torch.bfloat16, 1025, 1000, 3)]
 
 
 @pytest.mark.parametrize("dtype,H,I,B", FUSED_CASES, ids=lambda v: str(v))

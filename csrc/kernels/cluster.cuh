@@ -70,9 +70,9 @@ struct ClusterConfig {
 };
 
 /* Whether the kernel of R rows a CTA can be a fused layer's (proj.clusters >
- * 0): not at R = 72, whose A fragments leave no registers for the waits on
- * xp's chunks (the consumer's code spilled there). */
-__host__ __device__ constexpr bool cluster_fuses(int rows) { return rows == 64; }
+ * 0): both shapes (R = 72 spilled with a wait per chunk; with a warp's wait
+ * per run of chunks it takes 255 registers and no local memory). */
+__host__ __device__ constexpr bool cluster_fuses(int rows) { return rows == 64 || rows == 72; }
 
 /* Row pitches (16-bit elements) of the state ([8][K + 8]) and of the outgoing
  * slice ([8][R + 8]): 16 bytes of padding keep ldmatrix and the epilogue's
