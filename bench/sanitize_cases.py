@@ -56,6 +56,7 @@ LAYER_CASES = [  # (T, B, I, H, dtype, with lengths): the projection fused, seve
     (9, 3, 33, 1100, torch.float32, False),
     (9, 3, 33, 1000, torch.bfloat16, True),  # 16-bit producers (mma), rows 2-byte aligned: plain loads
     (9, 2, 40, 1024, torch.float16, False),  # rows 16-byte aligned: cp.async
+    (40, 4, 24, 1100, torch.bfloat16, True),  # the tensor-core kernel's 72-row shape; 5 chunks of 8 steps
     (70, 1, 7, 129, torch.float32, False),
 ]
 
