@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
   void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<float, 8, 8, 6>;
   const int hidden = 1024, input = 1024, steps = 256, ctas = 16;
   const int smem_rec = cluster_ffma_smem_bytes(4, 8, 8, 6);
-  const int smem = smem_rec > 16 + kProjSmemBytes ? smem_rec : 16 + kProjSmemBytes;
+  const int smem = smem_rec > kProjSmemOffset + kProjSmemBytes ? smem_rec : kProjSmemOffset + kProjSmemBytes;
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchAttribute one_attr;

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   /* A fused layer's first proj.clusters clusters compute xp (projection.cuh); the rest step. */
   const int producers = cluster_fuses(ROWS) ? proj.clusters : 0;
   if ((int)cluster_index() < producers) {
-    project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + 16), (int)(cluster_index() * ctas + rank),
+    project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
                       producers * (int)ctas);
     return;
   }

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   /* The first proj.clusters clusters compute xp (projection.cuh); the rest, one sequence each, step. */
   const int producers = q.clusters;
   if ((int)cluster_index() < producers) {
-    project_inputs<E>(p, q, reinterpret_cast<float *>(smem + 16), (int)(cluster_index() * ctas + rank),
+    project_inputs<E>(p, q, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
                       producers * (int)ctas);
     return;
   }

@@ -366,7 +366,7 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device
   if (st != PRNN_STATUS_SUCCESS || room < 0) return st;
   int smem = cand.smem_bytes, producers = 0;
   if (input > 0) { /* then one sequence a cluster: the batch is below the room */
-    smem = cand.smem_bytes > 16 + kProjSmemBytes ? cand.smem_bytes : 16 + kProjSmemBytes;
+    smem = cand.smem_bytes > kProjSmemOffset + kProjSmemBytes ? cand.smem_bytes : kProjSmemOffset + kProjSmemBytes;
     /* an item's 32 columns hold at least one step of the batch */
     if (dev.fuse_projection < 0 || !cand.fuses || pb->batch > kProjTile || smem > dev.smem_optin)
       return PRNN_STATUS_SUCCESS;

@@ -65,6 +65,13 @@ const int kProjBlockFloats = kProjTile * kProjTile; /* one staged [32][32] block
 const int kProjWarpFloats = 4 * kProjBlockFloats;   /* a warp's two buffers of a W_ih block and an x block */
 /* the warps' buffers, their partial tiles, x's column offsets */
 const int kProjSmemBytes = 8 * (kProjWarpFloats + kProjBlockFloats) * 4 + kProjTile * 8;
+/* Where a producer's shared memory starts: past a stepper's mbarriers (16
+ * bytes in the FFMA kernel, 128 in the tensor-core one), so that producer and
+ * stepper CTAs never use the same bytes (racecheck reported the tensor-core
+ * kernel's mbarrier setup against a producer's reads of the same bytes when
+ * it shared them; a CTA is one or the other, so only a CTA run after another
+ * on the same SM could see both). */
+const int kProjSmemOffset = 128;
 
 /* Steps per chunk: 32 columns of (step, sequence). */
 __host__ __device__ inline int projection_chunk_steps(int batch) { return batch >= kProjTile ? 1 : kProjTile / batch; }
