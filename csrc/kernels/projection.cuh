@@ -71,7 +71,10 @@ const int kProjSmemBytes = 8 * (kProjWarpFloats + kProjBlockFloats) * 4 + kProjT
  * kernel's mbarrier setup against a producer's reads of the same bytes when
  * it shared them; a CTA is one or the other, so only a CTA run after another
  * on the same SM could see both). */
-const int kProjSmemOffset = 128;
+#ifndef PRNN_PROJ_SMEM_OFFSET /* experiments only (bench/projection_lab.cu): the offset before this change was 16 */
+#define PRNN_PROJ_SMEM_OFFSET 128
+#endif
+const int kProjSmemOffset = PRNN_PROJ_SMEM_OFFSET;
 
 /* Steps per chunk: 32 columns of (step, sequence). */
 __host__ __device__ inline int projection_chunk_steps(int batch) { return batch >= kProjTile ? 1 : kProjTile / batch; }
