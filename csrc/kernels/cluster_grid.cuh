@@ -75,7 +75,7 @@ __host__ __device__ constexpr int cluster_grid_state_pitch(int kc) { return 128 
  * sequences][pitch] fp32; before stepping, the space of the last two stages
  * A's 20 rows at a pitch of 128 KC elements and one 32-bit word. */
 __host__ __device__ constexpr int cluster_grid_smem_bytes(int elem_bytes, int kc, int rreg) {
-  return 16 + 2 * kClusterWarps * 32 * 4 +
+  return kFfmaSmemLead + 2 * kClusterWarps * 32 * 4 +
          ((kGridWarpRows - rreg) * 8 * (kc / 2) * 32 * 4 * elem_bytes + 2 * kGridSeqs * cluster_grid_state_pitch(kc) * 4 >
                   kGridRows * (128 * kc * elem_bytes + 4)
               ? (kGridWarpRows - rreg) * 8 * (kc / 2) * 32 * 4 * elem_bytes +
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
 
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
-  float *handover = reinterpret_cast<float *>(smem + 16);
-  Q *a_smem = reinterpret_cast<Q *>(smem + 16 + 2 * kClusterWarps * 32 * 4);
+  float *handover = reinterpret_cast<float *>(smem + kFfmaSmemLead);
+  Q *a_smem = reinterpret_cast<Q *>(smem + kFfmaSmemLead + 2 * kClusterWarps * 32 * 4);
   float *state = reinterpret_cast<float *>(a_smem + (WR - RREG) * 8 * KH * 32);
   auto a_smem_at = [&](int rr, int i) -> Q & { return a_smem[(((rr - RREG) * 8 + warp) * KH + i) * 32 + lane]; };
 
