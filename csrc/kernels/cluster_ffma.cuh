@@ -40,18 +40,19 @@ namespace prnn {
 
 /* The mbarriers' 16 bytes, padded so that the shared buffers after them
  * start at a 128-byte boundary (this file's kernel and the cluster grid's):
- * a 16-byte start cost the fused projection's producers 4% and the steppers
- * beside them ~11% (bench/NOTES.md step 37). PRNN_FFMA_SMEM_LEAD overrides
- * it in lab builds only (bench/cluster_lab.cu), to A/B it. */
+ * from byte 16 the cluster grid stepped 3-7% slower at H = 2048, B = 4-16
+ * (the FFMA kernel alike either way; bench/NOTES.md step 38).
+ * PRNN_FFMA_SMEM_LEAD overrides it in lab builds only (cluster_lab.cu). */
 #ifndef PRNN_FFMA_SMEM_LEAD
 #define PRNN_FFMA_SMEM_LEAD 128
 #endif
 const int kFfmaSmemLead = PRNN_FFMA_SMEM_LEAD;
 
 /* Dynamic shared memory of shape (element size, KC, WR, RREG): mbarriers
- * [2] (padded to kFfmaSmemLead), then, while stepping, the shared-memory rows of A [WR - RREG][KC][8
- * warps][32 slots] quads and the state [2][128 KC] fp32; before stepping,
- * the same space stages the register rows [RREG][KC][8][32] quads. */
+ * [2] (padded to kFfmaSmemLead), then, while stepping, the shared-memory
+ * rows of A [WR - RREG][KC][8 warps][32 slots] quads and the state [2][128 KC]
+ * fp32; before stepping, the same space stages the register rows
+ * [RREG][KC][8][32] quads. */
 __host__ __device__ constexpr int cluster_ffma_smem_bytes(int elem_bytes, int kc, int wr, int rreg) {
   return kFfmaSmemLead + ((wr - rreg) * kc * 256 * 4 * elem_bytes + 2 * kc * 128 * 4 > rreg * kc * 256 * 4 * elem_bytes
                    ? (wr - rreg) * kc * 256 * 4 * elem_bytes + 2 * kc * 128 * 4

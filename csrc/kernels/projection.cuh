@@ -65,13 +65,14 @@ const int kProjBlockFloats = kProjTile * kProjTile; /* one staged [32][32] block
 const int kProjWarpFloats = 4 * kProjBlockFloats;   /* a warp's two buffers of a W_ih block and an x block */
 /* the warps' buffers, their partial tiles, x's column offsets */
 const int kProjSmemBytes = 8 * (kProjWarpFloats + kProjBlockFloats) * 4 + kProjTile * 8;
-/* Where a producer's shared memory starts: past a stepper's mbarriers (16
- * bytes in the FFMA kernel, 128 in the tensor-core one), so that producer and
- * stepper CTAs never use the same bytes (racecheck reported the tensor-core
- * kernel's mbarrier setup against a producer's reads of the same bytes when
- * it shared them; a CTA is one or the other, so only a CTA run after another
- * on the same SM could see both). */
-#ifndef PRNN_PROJ_SMEM_OFFSET /* experiments only (bench/projection_lab.cu): the offset before this change was 16 */
+/* Where a producer's shared memory starts: at byte 128, past a stepper's
+ * mbarriers, so that producer and stepper CTAs never use the same bytes
+ * (racecheck reported the tensor-core kernel's mbarrier set-up against a
+ * producer's reads when they overlapped: only CTAs run one after another on
+ * an SM could see both), and 128-byte aligned (from byte 16 the producers
+ * took 4% longer and the steppers beside them ~11%: bench/NOTES.md step 37).
+ * PRNN_PROJ_SMEM_OFFSET overrides it in lab builds only (projection_lab.cu). */
+#ifndef PRNN_PROJ_SMEM_OFFSET
 #define PRNN_PROJ_SMEM_OFFSET 128
 #endif
 const int kProjSmemOffset = PRNN_PROJ_SMEM_OFFSET;
