@@ -34,10 +34,11 @@
  *
  * The state is carried at the element width, like the grid-wide kernel and
  * nn.RNN; sums are fp32.
- * A fused layer (proj.clusters > 0, R = 64 only) puts its first
+ * A fused layer (proj.clusters > 0, either shape) puts its first
  * proj.clusters clusters to computing xp (projection.cuh, by mma); the rest
  * step, reading a chunk of xp once its flag is full, as the FFMA kernel's
- * steppers do.
+ * steppers do (at R = 72 that fits in 255 registers, no local memory, only
+ * because a warp waits once per run of chunks, not once per chunk).
  */
 #ifndef PRNN_CLUSTER_CUH
 #define PRNN_CLUSTER_CUH
@@ -68,11 +69,6 @@ struct ClusterConfig {
   int rows;    /* R */
   const void *kernel; /* cluster_rnn_kernel (RecurrenceParams, InputProjection) */
 };
-
-/* Whether the kernel of R rows a CTA can be a fused layer's (proj.clusters >
- * 0): both shapes (R = 72 spilled with a wait per chunk; with a warp's wait
- * per run of chunks it takes 255 registers and no local memory). */
-__host__ __device__ constexpr bool cluster_fuses(int rows) { return rows == 64 || rows == 72; }
 
 /* Row pitches (16-bit elements) of the state ([8][K + 8]) and of the outgoing
  * slice ([8][R + 8]): 16 bytes of padding keep ldmatrix and the epilogue's
@@ -223,7 +219,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   if (PRNN_CLUSTER_ABLATE & 16) return;
   extern __shared__ __align__(16) unsigned char smem[];
   /* A fused layer's first proj.clusters clusters compute xp (projection.cuh); the rest step. */
-  const int producers = cluster_fuses(ROWS) ? proj.clusters : 0;
+  const int producers = proj.clusters;
   if ((int)cluster_index() < producers) {
     project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
                       producers * (int)ctas);

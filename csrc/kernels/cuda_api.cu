@@ -250,7 +250,6 @@ struct ClusterCandidate {
   int rows;                /* rows of A per CTA */
   int smem_bytes;
   int max_group;           /* sequences a cluster can carry: 8 (tensor cores) or 1 (FFMA) */
-  bool fuses;              /* can run a fused layer (its input projection in the launch) */
   int room_slot;           /* index into g_cluster_room's kernels */
   int k_extent;            /* columns of A a CTA covers */
 };
@@ -267,7 +266,7 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     for (int i = 0; i < cluster_config_count; ++i)
       if (128 * (int64_t)table[i].k_tiles >= pb->hidden) {
         c = {table[i].kernel, table[i].rows, cluster_smem_bytes(128 * table[i].k_tiles, table[i].rows), kClusterSeqs,
-             cluster_fuses(table[i].rows), is_half * cluster_config_count + i, 128 * table[i].k_tiles};
+             is_half * cluster_config_count + i, 128 * table[i].k_tiles};
         return c;
       }
   }
@@ -275,7 +274,7 @@ ClusterCandidate cluster_candidate(const prnn_problem_t *pb) {
     const ClusterFfmaConfig &f = cluster_ffma_configs[i];
     if (f.dtype == pb->dtype && 128 * (int64_t)f.k_chunks >= pb->hidden) {
       c = {f.kernel, kClusterWarps * f.warp_rows,
-           cluster_ffma_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.warp_rows, f.reg_rows), 1, true,
+           cluster_ffma_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.warp_rows, f.reg_rows), 1,
            2 * cluster_config_count + i, 128 * f.k_chunks};
       return c;
     }
@@ -368,7 +367,7 @@ prnn_status_t choose_cluster(const prnn_problem_t *pb, int64_t input, int device
   if (input > 0) { /* then one sequence a cluster: the batch is below the room */
     smem = cand.smem_bytes > kProjSmemOffset + kProjSmemBytes ? cand.smem_bytes : kProjSmemOffset + kProjSmemBytes;
     /* an item's 32 columns hold at least one step of the batch */
-    if (dev.fuse_projection < 0 || !cand.fuses || pb->batch > kProjTile || smem > dev.smem_optin)
+    if (dev.fuse_projection < 0 || pb->batch > kProjTile || smem > dev.smem_optin)
       return PRNN_STATUS_SUCCESS;
     const prnn_status_t fst =
         cluster_room(&g_fused_room[device][cand.room_slot][ctas], cand.kernel, ctas, smem, dev, &room);

@@ -205,7 +205,7 @@ prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem,
 /* A whole layer's forward in one CUDA launch, where a kernel can fuse the
  * input projection: CTAs the recurrence leaves idle compute xp chunk by chunk
  * of steps while the others step through the chunks done (the cluster tier's
- * FFMA kernel in float32 and its tensor-core kernel at H <= 1024 in 16 bits,
+ * FFMA kernel in float32 and its tensor-core kernel in 16 bits, H <= 1152,
  * when the device holds enough clusters beside the batch's for the
  * projection to keep ahead). Elsewhere both return
  * PRNN_STATUS_NOT_SUPPORTED (the plan's tier NONE): the caller then computes
