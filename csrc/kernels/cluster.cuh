@@ -197,6 +197,18 @@ __device__ __forceinline__ void store_peer16_async(uint32_t remote, uint4 v, uin
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
                :: "r"(remote), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar) : "memory");
 }
+
+/* A fused layer's launch (proj.clusters > 0, either cluster kernel): its
+ * first proj.clusters clusters compute xp (projection.cuh) and this returns
+ * true when done; the rest step, and get false. */
+template <typename E>
+__device__ __forceinline__ bool project_if_producer(const RecurrenceParams &p, const InputProjection &proj,
+                                                    unsigned char *smem, unsigned rank, unsigned ctas) {
+  if ((int)cluster_index() >= proj.clusters) return false;
+  project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
+                    proj.clusters * (int)ctas);
+  return true;
+}
 #endif
 
 template <typename E, int KT, int ROWS>
@@ -218,13 +230,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
   if (PRNN_CLUSTER_ABLATE & 16) return;
   extern __shared__ __align__(16) unsigned char smem[];
-  /* A fused layer's first proj.clusters clusters compute xp (projection.cuh); the rest step. */
+  if (project_if_producer<E>(p, proj, smem, rank, ctas)) return;
   const int producers = proj.clusters;
-  if ((int)cluster_index() < producers) {
-    project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
-                      producers * (int)ctas);
-    return;
-  }
   const int seq0 = ((int)cluster_index() - producers) * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
   E *out;

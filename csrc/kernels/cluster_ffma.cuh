@@ -221,13 +221,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   const int row0 = (int)rank * R;
   if (ctas * R > KEXT) __trap(); /* the launcher's contract: the cluster's rows fit the K extent */
   extern __shared__ __align__(16) unsigned char smem[];
-  /* The first proj.clusters clusters compute xp (projection.cuh); the rest, one sequence each, step. */
+  if (project_if_producer<E>(p, q, smem, rank, ctas)) return; /* the rest step, one sequence a cluster */
   const int producers = q.clusters;
-  if ((int)cluster_index() < producers) {
-    project_inputs<E>(p, q, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
-                      producers * (int)ctas);
-    return;
-  }
   const int seq = (int)cluster_index() - producers;
   E *out;
   const E *in, *yfwd, *h0;
