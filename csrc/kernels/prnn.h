@@ -64,7 +64,9 @@ const char *prnn_status_string(prnn_status_t status);
 const char *prnn_last_error(void);
 
 typedef enum prnn_cell {
-  PRNN_CELL_ELMAN = 0                   /* h_t = act(xp_t + W_hh h_{t-1}) */
+  PRNN_CELL_ELMAN = 0,                  /* h_t = act(xp_t + W_hh h_{t-1}) */
+  PRNN_CELL_LSTM = 1,                   /* torch.nn.LSTM's cell: gated passes below */
+  PRNN_CELL_GRU = 2                     /* torch.nn.GRU's cell: gated passes below */
 } prnn_cell_t;
 
 typedef enum prnn_activation {
@@ -114,6 +116,7 @@ typedef struct prnn_problem {
   int64_t batch;      /* B >= 1 */
   int64_t hidden;     /* H >= 1 */
   int has_lengths;    /* nonzero: per-sequence lengths are given in the args */
+  int64_t proj_size;  /* LSTM only: P >= 1 with a projection W_hr, 0 without (then P = H) */
 } prnn_problem_t;
 
 /* Tensors of the forward pass. */
@@ -216,6 +219,106 @@ prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem,
                                       const prnn_layer_args_t *args,
                                       void *workspace, size_t workspace_bytes,
                                       prnn_stream_t stream);
+
+
+/*
+ * Gated cells (PRNN_CELL_LSTM, PRNN_CELL_GRU): torch.nn.LSTM's and
+ * torch.nn.GRU's cells, gates in PyTorch's order. G gates per hidden unit
+ * (LSTM 4: i, f, g, o; GRU 3: r, z, n); the state h has width S (S = P with
+ * an LSTM projection, else S = H). The caller precomputes the input side
+ * xp_t = W_ih x_t + b_ih (one GEMM); b_hh is added inside, since a GRU's
+ * b_hn sits inside r * (W_hn h + b_hn).
+ *
+ *   LSTM:  a = xp_t + W_hh h_{t-1} + b_hh,  i,f,o = sigmoid(a_i,f,o), g = tanh(a_g)
+ *          c_t = f c_{t-1} + i g,  m_t = o tanh(c_t),  h_t = m_t (or W_hr m_t with P)
+ *   GRU:   hh = W_hh h_{t-1} + b_hh,  r = sigmoid(xp_r + hh_r),  z = sigmoid(xp_z + hh_z)
+ *          n = tanh(xp_n + r hh_n),  h_t = (1 - z) n + z h_{t-1}
+ *
+ * Past a sequence's length its state (h and c) is frozen, its outputs y and
+ * its gradients are zero. The backward pass returns the gradients of the gate
+ * pre-activations on both sides, from which the caller's GEMMs give the
+ * weight and bias gradients:
+ *   grad_W_ih = sum_t grad_xp_t^T x_t,      grad_b_ih = sum grad_xp
+ *   grad_W_hh = sum_t grad_hh_t^T h_{t-1},  grad_b_hh = sum grad_hh
+ *   grad_W_hr = sum_t grad_h_t^T m_t        (m_t = o tanh(c_t), from saved)
+ * and writes grad_h0 (and grad_c0) itself.
+ */
+
+/* Gates per hidden unit, and values per hidden unit the forward saves for the
+ * backward pass. LSTM saves i, f, g, o (after their activations) and c_t;
+ * GRU saves r, z, n and W_hn h_{t-1} + b_hn. */
+#define PRNN_LSTM_GATES 4
+#define PRNN_LSTM_SAVED 5
+#define PRNN_GRU_GATES 3
+#define PRNN_GRU_SAVED 4
+
+typedef struct prnn_gated_forward_args {
+  const void *xp;            /* steps x batch x G*hidden: W_ih x_t + b_ih, gate blocks of hidden */
+  int64_t xp_stride_t;
+  int64_t xp_stride_b;
+  const void *b_hh;          /* G*hidden, contiguous, or NULL (no bias) */
+  const void *h0;            /* batch x S: initial state */
+  int64_t h0_stride_b;
+  const void *c0;            /* LSTM: batch x hidden, initial cell state; GRU: NULL */
+  int64_t c0_stride_b;
+  const void *w_hh;          /* G*hidden x S: W_hh[i][j] at w_hh[i * w_hh_stride + j] */
+  int64_t w_hh_stride;
+  const void *w_hr;          /* LSTM with proj_size: S x hidden; else NULL */
+  int64_t w_hr_stride;
+  const int32_t *lengths;    /* batch, as in prnn_forward_args_t */
+  void *y;                   /* steps x batch x S, contiguous: h_t, zero at and past a length */
+  void *h_n;                 /* batch x S, contiguous: the state after each sequence's last step */
+  void *c_n;                 /* LSTM: batch x hidden, contiguous, likewise for c; GRU: NULL */
+  void *saved;               /* steps x batch x SAVED*hidden, contiguous (unit-major blocks as
+                                listed at PRNN_*_SAVED, each of width hidden), or NULL when no
+                                backward follows; zero at and past a length */
+} prnn_gated_forward_args_t;
+
+typedef struct prnn_gated_backward_args {
+  const void *grad_y;        /* steps x batch x S: dLoss/dy (may be stride 0) */
+  int64_t grad_y_stride_t;
+  int64_t grad_y_stride_b;
+  const void *grad_h_n;      /* batch x S, or NULL (zero): dLoss/dh_n */
+  int64_t grad_h_n_stride_b;
+  const void *grad_c_n;      /* LSTM: batch x hidden, or NULL (zero): dLoss/dc_n; GRU: NULL */
+  int64_t grad_c_n_stride_b;
+  const void *h0;            /* batch x S, as in the forward */
+  int64_t h0_stride_b;
+  const void *c0;            /* LSTM: batch x hidden, as in the forward; GRU: NULL */
+  int64_t c0_stride_b;
+  const void *y;             /* steps x batch x S, contiguous: the forward's y */
+  const void *saved;         /* steps x batch x SAVED*hidden, contiguous: the forward's saved */
+  const void *w_hh;          /* G*hidden x S, as in the forward */
+  int64_t w_hh_stride;
+  const void *w_hr;          /* S x hidden or NULL, as in the forward */
+  int64_t w_hr_stride;
+  const int32_t *lengths;    /* batch, as in the forward */
+  void *grad_xp;             /* steps x batch x G*hidden, contiguous: dLoss/dxp_t */
+  void *grad_hh;             /* GRU: steps x batch x G*hidden, contiguous: dLoss/d(W_hh h_{t-1} + b_hh),
+                                which differs from grad_xp in the n block; LSTM: NULL (it is grad_xp) */
+  void *grad_h;              /* LSTM with proj_size: steps x batch x S, contiguous: dLoss/dh_t
+                                (for grad_W_hr); else NULL */
+  void *grad_h0;             /* batch x S, contiguous */
+  void *grad_c0;             /* LSTM: batch x hidden, contiguous; GRU: NULL */
+} prnn_gated_backward_args_t;
+
+/* The gated passes, on the CPU (float32, float64) and on CUDA (every dtype,
+ * asynchronous on `stream`). Plans come from prnn_plan_cpu / prnn_plan_cuda
+ * with problem->cell set. */
+prnn_status_t prnn_gated_forward_cpu(const prnn_problem_t *problem,
+                                     const prnn_gated_forward_args_t *args,
+                                     void *workspace, size_t workspace_bytes);
+prnn_status_t prnn_gated_backward_data_cpu(const prnn_problem_t *problem,
+                                           const prnn_gated_backward_args_t *args,
+                                           void *workspace, size_t workspace_bytes);
+prnn_status_t prnn_gated_forward_cuda(const prnn_problem_t *problem,
+                                      const prnn_gated_forward_args_t *args,
+                                      void *workspace, size_t workspace_bytes,
+                                      prnn_stream_t stream);
+prnn_status_t prnn_gated_backward_data_cuda(const prnn_problem_t *problem,
+                                            const prnn_gated_backward_args_t *args,
+                                            void *workspace, size_t workspace_bytes,
+                                            prnn_stream_t stream);
 
 #ifdef __cplusplus
 }
