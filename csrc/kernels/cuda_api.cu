@@ -9,6 +9,7 @@
 #include "cluster.cuh"
 #include "cluster_ffma.cuh"
 #include "cluster_grid.cuh"
+#include "gated.cuh"
 #include "persistent.cuh"
 #include "prnn_internal.h"
 #include "stepwise.cuh"
@@ -551,8 +552,8 @@ RecurrenceParams params_of(const prnn_problem_t *pb, int backward, const void *w
   return p;
 }
 
-/* Both plan queries: plan on `device`. */
-prnn_status_t plan_on(const prnn_problem_t *problem, int64_t input, int device, prnn_plan_t *out) {
+/* Both plan queries: plan on `device` (the gated cells' families plan per pass). */
+prnn_status_t plan_on(const prnn_problem_t *problem, prnn_pass_t pass, int64_t input, int device, prnn_plan_t *out) {
   /* Planning sets kernel attributes, which apply to the current device: make
    * `device` current for it, and restore the caller's. */
   int current = 0;
@@ -565,7 +566,12 @@ prnn_status_t plan_on(const prnn_problem_t *problem, int64_t input, int device, 
   ClusterLaunch cluster;
   const PersistentConfig *config;
   Geometry geom;
-  prnn_status_t st = plan(problem, input, device, out, &cluster, &config, &geom);
+  prnn_status_t st = prnn_check_problem(problem);
+  if (st == PRNN_STATUS_SUCCESS) {
+    if (problem->cell == PRNN_CELL_ELMAN) st = plan(problem, input, device, out, &cluster, &config, &geom);
+    else if (input > 0) st = prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel fuses the input projection of a gated cell");
+    else st = gated_plan(problem, pass, device, out);
+  }
   if (st == PRNN_STATUS_NOT_SUPPORTED) out->tier = PRNN_TIER_NONE;
   if (device != current && (err = cudaSetDevice(current)) != cudaSuccess && st == PRNN_STATUS_SUCCESS)
     st = cuda_fail(err, "cudaSetDevice");
@@ -582,14 +588,14 @@ prnn_status_t prnn_plan_cuda(const prnn_problem_t *problem, prnn_pass_t pass, in
   if (pass != PRNN_PASS_FORWARD && pass != PRNN_PASS_BACKWARD_DATA)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "pass must be PRNN_PASS_FORWARD or PRNN_PASS_BACKWARD_DATA, got %d",
                      (int)pass);
-  return plan_on(problem, 0, device, out);
+  return plan_on(problem, pass, 0, device, out);
 }
 
 prnn_status_t prnn_plan_layer_cuda(const prnn_problem_t *problem, int64_t input, int device, prnn_plan_t *out) {
   prnn_clear_error();
   if (problem == NULL || out == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "problem and plan must not be NULL");
   if (input < 1) return prnn_fail(PRNN_STATUS_BAD_PARAM, "input must be >= 1, got %lld", (long long)input);
-  return plan_on(problem, input, device, out);
+  return plan_on(problem, PRNN_PASS_FORWARD, input, device, out);
 }
 
 prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem, const prnn_forward_args_t *args,

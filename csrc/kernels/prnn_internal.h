@@ -36,6 +36,10 @@ prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
                                        const prnn_backward_args_t *args);
 prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem,
                                     const prnn_layer_args_t *args);
+prnn_status_t prnn_check_gated_forward_args(const prnn_problem_t *problem,
+                                            const prnn_gated_forward_args_t *args);
+prnn_status_t prnn_check_gated_backward_args(const prnn_problem_t *problem,
+                                             const prnn_gated_backward_args_t *args);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,97 @@
+/*
+ * cells.cuh - the gated cells as compile-time policies: gates per hidden
+ * unit, values saved for the backward pass, and the pointwise forward and
+ * backward of one hidden unit of one sequence (PyTorch's nn.LSTM / nn.GRU,
+ * prnn.h). Every gated kernel family calls these, so all tiers compute the
+ * same function; a family only decides where the gate sums come from.
+ *
+ * A is the arithmetic type (float, or double for float64). In the forward,
+ * `hh` holds W_hh h_{t-1} + b_hh of the unit's G gates and `prev` what the
+ * cell carries per unit (LSTM: c_{t-1}; GRU: h_{t-1}). In the backward, `dh`
+ * is dLoss/d(the unit's output) at t, `carry` the cell's local gradient from
+ * t+1 (LSTM: dLoss/dc_t), `prev` as in the forward.
+ */
+#ifndef PRNN_CELLS_CUH
+#define PRNN_CELLS_CUH
+
+#include "rnn_math.cuh"
+
+namespace prnn {
+
+template <typename A> __device__ __forceinline__ A sigmoid_of(A x) { return A(1) / (A(1) + exp(-x)); }
+template <> __device__ __forceinline__ float sigmoid_of<float>(float x) { return 1.f / (1.f + expf(-x)); }
+template <typename A> __device__ __forceinline__ A tanh_of(A x) { return tanh(x); }
+template <> __device__ __forceinline__ float tanh_of<float>(float x) { return tanhf(x); }
+
+struct LstmCell {
+  static const int kGates = PRNN_LSTM_GATES;  /* i, f, g, o */
+  static const int kSaved = PRNN_LSTM_SAVED;  /* i, f, g, o after activation, c_t */
+  static const bool kCarriesCell = true;      /* prev is c, kept beside h */
+
+  /* Returns the unit's output m_t = o tanh(c_t); *carry = c_t. */
+  template <typename A>
+  static __device__ __forceinline__ A forward(const A (&xp)[kGates], const A (&hh)[kGates], A prev, A *carry,
+                                              A (&saved)[kSaved]) {
+    const A i = sigmoid_of(xp[0] + hh[0]), f = sigmoid_of(xp[1] + hh[1]);
+    const A g = tanh_of(xp[2] + hh[2]), o = sigmoid_of(xp[3] + hh[3]);
+    const A c = f * prev + i * g;
+    saved[0] = i; saved[1] = f; saved[2] = g; saved[3] = o; saved[4] = c;
+    *carry = c;
+    return o * tanh_of(c);
+  }
+
+  /* Gradients of the gate pre-activations (both sides alike), the cell's
+   * gradient for t-1 (*carry_out) and the part of dh_{t-1} that bypasses
+   * W_hh (*dh_direct: none for an LSTM). */
+  template <typename A>
+  static __device__ __forceinline__ void backward(A dh, A carry, const A (&sv)[kSaved], A prev,
+                                                  A (&dxp)[kGates], A (&dhh)[kGates], A *carry_out,
+                                                  A *dh_direct) {
+    const A i = sv[0], f = sv[1], g = sv[2], o = sv[3], tc = tanh_of(sv[4]);
+    const A dc = carry + dh * o * (A(1) - tc * tc);
+    dxp[0] = dc * g * i * (A(1) - i);
+    dxp[1] = dc * prev * f * (A(1) - f);
+    dxp[2] = dc * i * (A(1) - g * g);
+    dxp[3] = dh * tc * o * (A(1) - o);
+#pragma unroll
+    for (int k = 0; k < kGates; ++k) dhh[k] = dxp[k];
+    *carry_out = dc * f;
+    *dh_direct = A(0);
+  }
+};
+
+struct GruCell {
+  static const int kGates = PRNN_GRU_GATES;  /* r, z, n */
+  static const int kSaved = PRNN_GRU_SAVED;  /* r, z, n, W_hn h_{t-1} + b_hn */
+  static const bool kCarriesCell = false;    /* prev is the unit's own h_{t-1} */
+
+  template <typename A>
+  static __device__ __forceinline__ A forward(const A (&xp)[kGates], const A (&hh)[kGates], A prev, A *carry,
+                                              A (&saved)[kSaved]) {
+    const A r = sigmoid_of(xp[0] + hh[0]), z = sigmoid_of(xp[1] + hh[1]);
+    const A n = tanh_of(xp[2] + r * hh[2]);
+    saved[0] = r; saved[1] = z; saved[2] = n; saved[3] = hh[2];
+    const A h = (A(1) - z) * n + z * prev;
+    *carry = h;
+    return h;
+  }
+
+  template <typename A>
+  static __device__ __forceinline__ void backward(A dh, A carry, const A (&sv)[kSaved], A prev,
+                                                  A (&dxp)[kGates], A (&dhh)[kGates], A *carry_out,
+                                                  A *dh_direct) {
+    (void)carry;
+    const A r = sv[0], z = sv[1], n = sv[2], hn = sv[3];
+    const A dn = dh * (A(1) - z) * (A(1) - n * n);
+    const A dr = dn * hn * r * (A(1) - r);
+    const A dz = dh * (prev - n) * z * (A(1) - z);
+    dxp[0] = dr; dxp[1] = dz; dxp[2] = dn;
+    dhh[0] = dr; dhh[1] = dz; dhh[2] = dn * r;
+    *carry_out = A(0);
+    *dh_direct = dh * z;
+  }
+};
+
+}  // namespace prnn
+
+#endif /* PRNN_CELLS_CUH */
