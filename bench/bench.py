@@ -1,7 +1,8 @@
-"""Times PersistentRNN against nn.RNN (cuDNN) eager and nn.RNN replayed in a CUDA
-graph, in one process on one GPU, and writes bench/results/<device>.json.
+"""Times PersistentRNN / PersistentLSTM / PersistentGRU against nn.RNN / nn.LSTM /
+nn.GRU (cuDNN) eager and replayed in a CUDA graph, in one process on one GPU, and
+writes bench/results/<device>.json (the records of other cells already there are kept).
 
-    python bench/bench.py [--quick] [--floor build/floor] [--out DIR]
+    python bench/bench.py [--cell rnn|lstm|gru] [--quick] [--floor build/floor] [--out DIR]
 
 Every figure is the median of CUDA-event timings after warm-up, divided by the
 number of steps. Records follow the schema of the GPU issues:
@@ -55,10 +56,24 @@ def graphed(fn):
     return graph.replay, graph
 
 
-def models(hidden, dtype):
-    ref = torch.nn.RNN(hidden, hidden, device="cuda", dtype=dtype)
-    ours = torch_prnn.PersistentRNN.from_rnn(ref)
+CELLS = {  # --cell: (torch module, ours, converter, record name)
+    "rnn": ("RNN", "PersistentRNN", "from_rnn", "rnn_tanh"),
+    "lstm": ("LSTM", "PersistentLSTM", "from_lstm", "lstm"),
+    "gru": ("GRU", "PersistentGRU", "from_gru", "gru"),
+}
+
+
+def models(hidden, dtype, cell="rnn"):
+    torch_name, ours_name, convert, _ = CELLS[cell]
+    ref = getattr(torch.nn, torch_name)(hidden, hidden, device="cuda", dtype=dtype)
+    ours = getattr(getattr(torch_prnn, ours_name), convert)(ref)
     return ref, ours
+
+
+def initial_state(cell, batch, hidden, dtype):
+    """What the module takes as hx: h0, or (h0, c0) for an LSTM."""
+    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+    return (h0, torch.randn_like(h0)) if cell == "lstm" else h0
 
 
 def rel_err(a, b):
@@ -66,12 +81,12 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def bench_one(dtype_name, batch, hidden, steps, iters, passes):
+def bench_one(dtype_name, batch, hidden, steps, iters, passes, cell="rnn"):
     dtype = DTYPES[dtype_name]
     torch.manual_seed(0)
-    ref, ours = models(hidden, dtype)
+    ref, ours = models(hidden, dtype, cell)
     x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
-    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+    h0 = initial_state(cell, batch, hidden, dtype)
     out = {}
     with torch.no_grad():
         err = rel_err(ours(x, h0)[0], ref(x, h0)[0])
@@ -214,6 +229,7 @@ def run_floor(binary):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--cell", choices=sorted(CELLS), default="rnn")
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--floor", default="", help="path of the built bench/floor.cu")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -237,6 +253,8 @@ def main():
     steps = 256
     if args.quick:
         grid = [(d, b, h) for d in DTYPES for b in (1, 4, 16) for h in (512, 1024)]
+    elif args.cell != "rnn":
+        grid = [(d, b, h) for d in DTYPES for b in (1, 2, 4, 8, 16, 32, 64) for h in (256, 512, 1024)]
     else:
         grid = [(d, b, h) for d in DTYPES for b in (1, 2, 4, 8, 16, 32, 64) for h in (256, 512, 1024, 1152, 2048)]
     passes = ("fwd",) if args.no_backward else ("fwd", "fwdbwd")
@@ -244,10 +262,11 @@ def main():
     floor = run_floor(args.floor)
     records, rows = [], []
     for dtype_name, batch, hidden in grid:
-        times, err = bench_one(dtype_name, batch, hidden, steps, args.iters, passes)
-        tier = torch_prnn.plan(hidden, batch=batch, steps=steps, dtype=DTYPES[dtype_name], device="cuda")["tier"]
+        times, err = bench_one(dtype_name, batch, hidden, steps, args.iters, passes, args.cell)
+        tier = torch_prnn.plan(hidden, batch=batch, steps=steps, dtype=DTYPES[dtype_name], device="cuda",
+                               **({} if args.cell == "rnn" else {"cell": args.cell}))["tier"]
         for (impl, pss), us in times.items():
-            records.append(dict(impl=impl, cell="rnn_tanh", dtype=dtype_name, batch=batch, hidden=hidden,
+            records.append(dict(impl=impl, cell=CELLS[args.cell][3], dtype=dtype_name, batch=batch, hidden=hidden,
                                 input=hidden, steps=steps, layers=1, **{"pass": pss}, us_per_step=round(us, 4),
                                 **meta))
         rows.append((dtype_name, batch, hidden, tier, times, err))
@@ -255,16 +274,22 @@ def main():
               + " ".join(f"{i}/{p}={v:8.2f}" for (i, p), v in times.items()) + f" err={err:.1e}", flush=True)
 
     memory = {}
-    if "fwdbwd" in passes:
+    if "fwdbwd" in passes and args.cell == "rnn":
         for dtype_name in ("float32", "bfloat16"):
             memory[dtype_name] = peak_training_memory(4, 1024, steps, DTYPES[dtype_name])
 
     os.makedirs(args.out, exist_ok=True)
     slug = device.replace(" ", "_")
-    with open(os.path.join(args.out, f"{slug}.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    with open(os.path.join(args.out, f"{slug}.extra.json"), "w") as f:
-        json.dump({**meta, "floor": floor, "peak_training_bytes_B4_H1024_T256": memory}, f, indent=1)
+    path = os.path.join(args.out, f"{slug}.json")
+    kept = []
+    if os.path.exists(path):  # other cells' records stay
+        with open(path) as f:
+            kept = [r for r in json.load(f) if r.get("cell") != CELLS[args.cell][3]]
+    with open(path, "w") as f:
+        json.dump(kept + records, f, indent=1)
+    if args.cell == "rnn":
+        with open(os.path.join(args.out, f"{slug}.extra.json"), "w") as f:
+            json.dump({**meta, "floor": floor, "peak_training_bytes_B4_H1024_T256": memory}, f, indent=1)
 
     print("\nfloor:", ", ".join(f"{r['what']}(B={r['batch']},H={r['hidden']})={r['us_per_step']:.2f}us" for r in floor))
     for dtype_name, m in memory.items():
