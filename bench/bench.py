@@ -4,7 +4,7 @@ graph, in one process on one GPU, and writes bench/results/<device>.json.
     python bench/bench.py [--quick] [--floor build/floor] [--out DIR]
 
 Every figure is the median of CUDA-event timings after warm-up, divided by the
-number of steps. Records follow the schema of the GPU issues:
+number of steps. Each record:
 {"impl", "cell", "dtype", "batch", "hidden", "input", "steps", "layers", "pass",
  "us_per_step", "device", "torch", "cuda", "date"}.
 """
