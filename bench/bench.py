@@ -5,7 +5,7 @@ writes bench/results/<device>.json (the records of other cells already there are
     python bench/bench.py [--cell rnn|lstm|gru] [--quick] [--floor build/floor] [--out DIR]
 
 Every figure is the median of CUDA-event timings after warm-up, divided by the
-number of steps. Records follow the schema of the GPU issues:
+number of steps. Each record:
 {"impl", "cell", "dtype", "batch", "hidden", "input", "steps", "layers", "pass",
  "us_per_step", "device", "torch", "cuda", "date"}.
 """

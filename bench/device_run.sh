@@ -1,27 +1,49 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, GPU tests, benchmark, a short table last.
+# Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
-#   bash bench/device_run.sh [stages...]
+#   bash bench/device_run.sh [--results DIR] [stages...]
 #   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab projlab plabablate profile fusedprobe sanitize probe demo firstcall (default: build test bench)
 #
-# Results (JSON) go to $OUT (the device tool's return folder) or build/device/;
-# the stage logs to $OUT/logs, packed into $OUT/logs.tar.gz at the end (the
-# device tool returns only a few files per call).
+# Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
+# The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
+# to copy off the machine instead of one per stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-build/device}
-LOG=$OUT/logs
-mkdir -p "$OUT" "$LOG" build
+
+usage() { # the comment block at the top of this file
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+}
+
+results=${RESULTS_DIR:-build/gpu}
+stages=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) usage; echo "results folder: $results"; exit 0 ;;
+    --results)
+      [ $# -ge 2 ] || { echo "--results needs a folder" >&2; exit 2; }
+      results=$2; shift ;;
+    --results=*) results=${1#--results=} ;;
+    *) stages+=("$1") ;;
+  esac
+  shift
+done
+[ ${#stages[@]} -gt 0 ] || stages=(build test bench)
+
+LOG=$results/logs
+mkdir -p "$results" "$LOG" build
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# One architecture here keeps the build short; setup.py's default builds sm_80/86/89/90+PTX.
+# One architecture keeps the build short: sm_90 (H200) unless set; setup.py's
+# default builds sm_80/86/89/90+PTX. The floor and lab stages compile for sm_90.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-# The GPU image's default compiler wrapper (/opt/gcc/bin/g++) links libstdc++
-# statically into the extension, and a TORCH_CHECK message then segfaults in it;
-# the system compiler does not.
-[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
-# NVLink multicast stays off on the lent machines (device tool, KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stages=${*:-build test bench}
+# A g++ that links libstdc++ statically into the extension (some toolchain
+# wrappers first on PATH do) makes a TORCH_CHECK message segfault in it; the
+# system compiler does not, so it is preferred unless CXX is set.
+[ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+# The multi-GPU tests need plain NCCL only: NVLink multicast (NCCL NVLS,
+# symmetric memory, NVSHMEM) stays off unless set, so they do not depend on a
+# host's multicast set-up (tests/conftest.py does the same).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
+  NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 status=0
 summary=()
 
@@ -38,7 +60,7 @@ stage() { # name, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
-for s in $stages; do
+for s in "${stages[@]}"; do
   case $s in
     build)
       stage build python3 setup.py build_ext --inplace || { tail -40 "$LOG/build.log"; break; }
@@ -51,7 +73,7 @@ for s in $stages; do
       stage gputest python3 -m pytest -q -rs --durations=10 tests/test_gpu_kernels.py
       tail -30 "$LOG/gputest.log" ;;
     bench)
-      stage bench python3 bench/bench.py --floor build/floor --out "$OUT"
+      stage bench python3 bench/bench.py --floor build/floor --out "$results"
       tail -115 "$LOG/bench.log" ;;
     diag)
       stage diag python3 bench/bench.py --diag
@@ -70,10 +92,10 @@ for s in $stages; do
       grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$LOG/profile.log" | head -60 ;;
     trace) # timelines of one eager forward and training step (the logs hold the full listing)
       for dt in bfloat16 float32; do
-        stage trace_$dt python3 bench/trace_step.py $dt 4 1024 --out "$OUT/trace"
+        stage trace_$dt python3 bench/trace_step.py $dt 4 1024 --out "$results/trace"
         grep "==" "$LOG/trace_$dt.log"
       done
-      tar czf "$OUT/trace.tar.gz" -C "$OUT" trace && rm -r "$OUT/trace" ;;
+      tar czf "$results/trace.tar.gz" -C "$results" trace && rm -r "$results/trace" ;;
     fusedprobe) # prnn::layer with its projection never / by rule / always fused (ncu cannot profile that launch)
       # PROBE_CASES: "dtype:hidden" pairs
       for case in ${PROBE_CASES:-float32:1024}; do
@@ -111,13 +133,13 @@ for s in $stages; do
       stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5} ${SPREAD_SHAPES:-}
       grep "^spread" "$LOG/spread.log" ;;
     quick)
-      stage quick python3 bench/bench.py --quick --floor build/floor --out "$OUT/quick"
+      stage quick python3 bench/bench.py --quick --floor build/floor --out "$results/quick"
       tail -20 "$LOG/quick.log" ;;
     demo)
       stage demo python3 -m torch_prnn.demo
       tail -8 "$LOG/demo.log" ;;
     firstcall)
-      stage firstcall python3 bench/first_call.py --out "$OUT"
+      stage firstcall python3 bench/first_call.py --out "$results"
       tail -14 "$LOG/firstcall.log" ;;
     sanitize) # SANITIZE_TOOLS narrows the tools, SANITIZE_TIERS the cases, SANITIZE_ARGS adds options
       # synccheck tracks only a few mbarriers per CTA unless told more: the cluster
@@ -147,7 +169,7 @@ for s in $stages; do
   esac
 done
 
-tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -r "$LOG"
+tar czf "$results/logs.tar.gz" -C "$results" logs && rm -r "$LOG"
 echo
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -3,7 +3,8 @@
     python bench/plot.py [bench/results/NVIDIA_H200.json]
 
 Writes <device>.png beside the JSON (us/step against batch, a panel per dtype
-and hidden size, a line per impl and pass) and prints the README's markdown table.
+and hidden size, a line per impl and pass) and prints the full markdown table
+(bench/NOTES.md keeps the committed run's).
 """
 import json
 import os

@@ -69,8 +69,8 @@ def _seed():
 # still running after `seconds`, faulthandler's watchdog thread (plain C, so it
 # fires even while a hung CUDA call holds the GIL) writes every Python thread's
 # traceback to the terminal's stderr and ends the process with exit status 1.
-# A hang then costs `seconds`, not the whole device session, and says where it
-# was. pytest-timeout does the same but is not installed on the GPU machine.
+# A hang then costs `seconds`, not the whole test run, and says where it
+# was. pytest-timeout does the same but is not a dependency.
 # PRNN_HANG_GUARD_SCALE multiplies every limit (e.g. 10 under
 # compute-sanitizer); 0 turns the guard off.
 
