@@ -12,10 +12,13 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import torch_prnn
-from conftest import TOL, devices, needs_cuda, rel_err
+from conftest import TOL, needs_cuda, rel_err
 
 lstm, lstm_backward = torch.ops.prnn.lstm, torch.ops.prnn.lstm_backward
 gru, gru_backward = torch.ops.prnn.gru, torch.ops.prnn.gru_backward
+
+# CUDA variants are listed (and skipped) on machines without a GPU.
+devices = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 # (cell, with a projection): the three cells the ops run.
 CELLS = [("lstm", False), ("lstm", True), ("gru", False)]
@@ -145,7 +148,7 @@ def test_lengths_match_packed_sequence(device, dtype, cell, proj, T, B):
     and every gradient."""
     gen = torch.Generator().manual_seed(T * 10 + B)
     lengths = torch.randint(1, T + 1, (B,), generator=gen)
-    lengths[gen.seed() % B] = T
+    lengths[(T + B) % B] = T
     check_against_torch(cell, proj, device, dtype, T, B, 3, 7, lengths=lengths, what=f"lengths {lengths.tolist()}: ")
 
 
@@ -479,58 +482,59 @@ def test_empty(device, cell, proj, which):
             assert (g == (1 if name in ("h0", "c0") else 0)).all(), name
 
 
-def other_device(t):
+def other_device(t, good=None):
     return t.cpu() if t.is_cuda else t.cuda()
 
 
-# (the op, what to change in the good arguments, the expected message); the
-# good arguments: T = 4, B = 3, H = 5, float32, lengths [4, 2, 1].
+# (the op, what to change in the good arguments (a function of the argument
+# and of all the good ones), the expected message); the good arguments:
+# T = 4, B = 3, H = 5, float32, lengths [4, 2, 1].
 BAD_ARGS = [
-    ("lstm", {"xp": lambda a: a[0]}, r"prnn::lstm: xp must be 3-D \[steps, batch, 4\*hidden\], got 2-D"),
-    ("lstm", {"xp": lambda a: a[..., :19]}, r"prnn::lstm: xp must have shape \[steps, batch, 4\*hidden\]: its last size must be a multiple of 4, got \[4, 3, 19\]"),
-    ("lstm", {"xp": lambda a: a.long()}, r"prnn::lstm: xp must be float32, float64, float16 or bfloat16, got Long"),
-    ("lstm", {"h0": lambda a: a[0]}, r"prnn::lstm: h0 must be 2-D \[batch, hidden\], got 1-D"),
-    ("lstm", {"h0": lambda a: a[:2]}, r"prnn::lstm: h0 must have shape \[batch=3, hidden=5\], got \[2, 5\]"),
-    ("lstm", {"h0": lambda a: a.double()}, r"prnn::lstm: h0 must have the dtype of xp \(Float\), got Double"),
-    ("lstm", {"c0": lambda a: a[:, :4]}, r"prnn::lstm: c0 must have shape \[batch=3, hidden=5\], got \[3, 4\]"),
-    ("lstm", {"c0": lambda a: a.half()}, r"prnn::lstm: c0 must have the dtype of xp \(Float\), got Half"),
-    ("lstm", {"w_hh": lambda a: a[:, :4]}, r"prnn::lstm: w_hh must have shape \[4\*hidden=20, hidden=5\], got \[20, 4\]"),
-    ("lstm", {"w_hh": lambda a: a[0]}, r"prnn::lstm: w_hh must be 2-D \[4\*hidden, hidden\], got 1-D"),
-    ("lstm", {"b_hh": lambda a: a[:19]}, r"prnn::lstm: b_hh must have shape \[4\*hidden=20\], got \[19\]"),
-    ("lstm", {"b_hh": lambda a: a.view(4, 5)}, r"prnn::lstm: b_hh must be 1-D \[4\*hidden\], got 2-D"),
-    ("lstm", {"w_hr": lambda a: torch.zeros(2, 5)}, r"prnn::lstm: h0 must have shape \[batch=3, proj_size=2\], got \[3, 5\]"),
-    ("lstm", {"w_hr": lambda a: torch.zeros(2, 4)}, r"prnn::lstm: w_hr must have shape \[proj_size >= 1, hidden=5\], got \[2, 4\]"),
-    ("lstm", {"w_hr": lambda a: torch.zeros(0, 5)}, r"prnn::lstm: w_hr must have shape \[proj_size >= 1, hidden=5\], got \[0, 5\]"),
-    ("lstm", {"w_hr": lambda a: torch.zeros(2, 5, dtype=torch.float64)}, r"prnn::lstm: w_hr must have the dtype of xp \(Float\), got Double"),
-    ("lstm", {"lengths": lambda a: torch.tensor([4, 5, 1])}, r"prnn::lstm: lengths must be in \[0, steps=4\], got values in \[1, 5\]"),
-    ("lstm", {"lengths": lambda a: torch.tensor([4, -1, 1])}, r"prnn::lstm: lengths must be in \[0, steps=4\], got values in \[-1, 4\]"),
-    ("lstm", {"lengths": lambda a: a.int()}, r"prnn::lstm: lengths must be int64, got Int"),
-    ("lstm", {"lengths": lambda a: a[:2]}, r"prnn::lstm: lengths must have shape \[batch=3\], got \[2\]"),
+    ("lstm", {"xp": lambda a, g: a[0]}, r"prnn::lstm: xp must be 3-D \[steps, batch, 4\*hidden\], got 2-D"),
+    ("lstm", {"xp": lambda a, g: a[..., :19]}, r"prnn::lstm: xp must have shape \[steps, batch, 4\*hidden\]: its last size must be a multiple of 4, got \[4, 3, 19\]"),
+    ("lstm", {"xp": lambda a, g: a.long()}, r"prnn::lstm: xp must be float32, float64, float16 or bfloat16, got Long"),
+    ("lstm", {"h0": lambda a, g: a[0]}, r"prnn::lstm: h0 must be 2-D \[batch, hidden\], got 1-D"),
+    ("lstm", {"h0": lambda a, g: a[:2]}, r"prnn::lstm: h0 must have shape \[batch=3, hidden=5\], got \[2, 5\]"),
+    ("lstm", {"h0": lambda a, g: a.double()}, r"prnn::lstm: h0 must have the dtype of xp \(Float\), got Double"),
+    ("lstm", {"c0": lambda a, g: a[:, :4]}, r"prnn::lstm: c0 must have shape \[batch=3, hidden=5\], got \[3, 4\]"),
+    ("lstm", {"c0": lambda a, g: a.half()}, r"prnn::lstm: c0 must have the dtype of xp \(Float\), got Half"),
+    ("lstm", {"w_hh": lambda a, g: a[:, :4]}, r"prnn::lstm: w_hh must have shape \[4\*hidden=20, hidden=5\], got \[20, 4\]"),
+    ("lstm", {"w_hh": lambda a, g: a[0]}, r"prnn::lstm: w_hh must be 2-D \[4\*hidden, hidden\], got 1-D"),
+    ("lstm", {"b_hh": lambda a, g: a[:19]}, r"prnn::lstm: b_hh must have shape \[4\*hidden=20\], got \[19\]"),
+    ("lstm", {"b_hh": lambda a, g: a.view(4, 5)}, r"prnn::lstm: b_hh must be 1-D \[4\*hidden\], got 2-D"),
+    ("lstm", {"w_hr": lambda a, g: g["xp"].new_zeros(2, 5)}, r"prnn::lstm: h0 must have shape \[batch=3, proj_size=2\], got \[3, 5\]"),
+    ("lstm", {"w_hr": lambda a, g: g["xp"].new_zeros(2, 4)}, r"prnn::lstm: w_hr must have shape \[proj_size >= 1, hidden=5\], got \[2, 4\]"),
+    ("lstm", {"w_hr": lambda a, g: g["xp"].new_zeros(0, 5)}, r"prnn::lstm: w_hr must have shape \[proj_size >= 1, hidden=5\], got \[0, 5\]"),
+    ("lstm", {"w_hr": lambda a, g: g["xp"].new_zeros(2, 5, dtype=torch.float64)}, r"prnn::lstm: w_hr must have the dtype of xp \(Float\), got Double"),
+    ("lstm", {"lengths": lambda a, g: torch.tensor([4, 5, 1])}, r"prnn::lstm: lengths must be in \[0, steps=4\], got values in \[1, 5\]"),
+    ("lstm", {"lengths": lambda a, g: torch.tensor([4, -1, 1])}, r"prnn::lstm: lengths must be in \[0, steps=4\], got values in \[-1, 4\]"),
+    ("lstm", {"lengths": lambda a, g: a.int()}, r"prnn::lstm: lengths must be int64, got Int"),
+    ("lstm", {"lengths": lambda a, g: a[:2]}, r"prnn::lstm: lengths must have shape \[batch=3\], got \[2\]"),
     pytest.param("lstm", {"c0": other_device}, r"prnn::lstm: c0 must be on the device of xp \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
-    pytest.param("lstm", {"lengths": lambda a: a.cuda()}, r"prnn::lstm: lengths must be a CPU tensor .*, got one on cuda:0", marks=needs_cuda),
-    ("gru", {"xp": lambda a: a[..., :14]}, r"prnn::gru: xp must have shape \[steps, batch, 3\*hidden\]: its last size must be a multiple of 3, got \[4, 3, 14\]"),
-    ("gru", {"h0": lambda a: a[:, :4]}, r"prnn::gru: h0 must have shape \[batch=3, hidden=5\], got \[3, 4\]"),
-    ("gru", {"w_hh": lambda a: a[:12]}, r"prnn::gru: w_hh must have shape \[3\*hidden=15, hidden=5\], got \[12, 5\]"),
-    ("gru", {"b_hh": lambda a: torch.zeros(20)}, r"prnn::gru: b_hh must have shape \[3\*hidden=15\], got \[20\]"),
-    ("gru", {"w_hh": lambda a: a.double()}, r"prnn::gru: w_hh must have the dtype of xp \(Float\), got Double"),
-    ("gru", {"lengths": lambda a: torch.tensor([4, 2, 9])}, r"prnn::gru: lengths must be in \[0, steps=4\], got values in \[2, 9\]"),
+    pytest.param("lstm", {"lengths": lambda a, g: a.cuda()}, r"prnn::lstm: lengths must be a CPU tensor .*, got one on cuda:0", marks=needs_cuda),
+    ("gru", {"xp": lambda a, g: a[..., :14]}, r"prnn::gru: xp must have shape \[steps, batch, 3\*hidden\]: its last size must be a multiple of 3, got \[4, 3, 14\]"),
+    ("gru", {"h0": lambda a, g: a[:, :4]}, r"prnn::gru: h0 must have shape \[batch=3, hidden=5\], got \[3, 4\]"),
+    ("gru", {"w_hh": lambda a, g: a[:12]}, r"prnn::gru: w_hh must have shape \[3\*hidden=15, hidden=5\], got \[12, 5\]"),
+    ("gru", {"b_hh": lambda a, g: g["xp"].new_zeros(20)}, r"prnn::gru: b_hh must have shape \[3\*hidden=15\], got \[20\]"),
+    ("gru", {"w_hh": lambda a, g: a.double()}, r"prnn::gru: w_hh must have the dtype of xp \(Float\), got Double"),
+    ("gru", {"lengths": lambda a, g: torch.tensor([4, 2, 9])}, r"prnn::gru: lengths must be in \[0, steps=4\], got values in \[2, 9\]"),
     pytest.param("gru", {"w_hh": other_device}, r"prnn::gru: w_hh must be on the device of xp \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
-    ("lstm_backward", {"grad_y": lambda a: a[..., :4]}, r"prnn::lstm_backward: grad_y must have the shape of y \[4, 3, 5\], got \[4, 3, 4\]"),
-    ("lstm_backward", {"grad_y": lambda a: a.double()}, r"prnn::lstm_backward: grad_y must have the dtype of y \(Float\), got Double"),
-    ("lstm_backward", {"y": lambda a: a.long()}, r"prnn::lstm_backward: y must be float32, float64, float16 or bfloat16, got Long"),
-    ("lstm_backward", {"saved": lambda a: torch.zeros(0)}, r"prnn::lstm_backward: saved must be 3-D \[steps, batch, saved values\*hidden\], got 1-D"),
-    ("lstm_backward", {"saved": lambda a: a[..., :20]}, r"prnn::lstm_backward: saved must have shape \[steps=4, batch=3, 5\*hidden=25\] \(the forward's, with save=True\), got \[4, 3, 20\]"),
-    ("lstm_backward", {"grad_h_n": lambda a: a[:, :4]}, r"prnn::lstm_backward: grad_h_n must have shape \[batch=3, hidden=5\], got \[3, 4\]"),
-    ("lstm_backward", {"grad_c_n": lambda a: a.double()}, r"prnn::lstm_backward: grad_c_n must have the dtype of y \(Float\), got Double"),
-    ("lstm_backward", {"c0": lambda a: a[:2]}, r"prnn::lstm_backward: c0 must have shape \[batch=3, hidden=5\], got \[2, 5\]"),
-    ("lstm_backward", {"w_hh": lambda a: a[:19]}, r"prnn::lstm_backward: w_hh must have shape \[4\*hidden, hidden\]: its first size must be a multiple of 4, got \[19, 5\]"),
-    ("lstm_backward", {"w_hh": lambda a: a[:16]}, r"prnn::lstm_backward: y must have shape \[steps, batch, hidden=4\], got \[4, 3, 5\]"),
-    ("lstm_backward", {"lengths": lambda a: torch.tensor([4, 2, 7])}, r"prnn::lstm_backward: lengths must be in \[0, steps=4\], got values in \[2, 7\]"),
+    ("lstm_backward", {"grad_y": lambda a, g: a[..., :4]}, r"prnn::lstm_backward: grad_y must have the shape of y \[4, 3, 5\], got \[4, 3, 4\]"),
+    ("lstm_backward", {"grad_y": lambda a, g: a.double()}, r"prnn::lstm_backward: grad_y must have the dtype of y \(Float\), got Double"),
+    ("lstm_backward", {"y": lambda a, g: a.long()}, r"prnn::lstm_backward: y must be float32, float64, float16 or bfloat16, got Long"),
+    ("lstm_backward", {"saved": lambda a, g: g["y"].new_zeros(0)}, r"prnn::lstm_backward: saved must be 3-D \[steps, batch, saved values\*hidden\], got 1-D"),
+    ("lstm_backward", {"saved": lambda a, g: a[..., :20]}, r"prnn::lstm_backward: saved must have shape \[steps=4, batch=3, 5\*hidden=25\] \(the forward's, with save=True\), got \[4, 3, 20\]"),
+    ("lstm_backward", {"grad_h_n": lambda a, g: a[:, :4]}, r"prnn::lstm_backward: grad_h_n must have shape \[batch=3, hidden=5\], got \[3, 4\]"),
+    ("lstm_backward", {"grad_c_n": lambda a, g: a.double()}, r"prnn::lstm_backward: grad_c_n must have the dtype of y \(Float\), got Double"),
+    ("lstm_backward", {"c0": lambda a, g: a[:2]}, r"prnn::lstm_backward: c0 must have shape \[batch=3, hidden=5\], got \[2, 5\]"),
+    ("lstm_backward", {"w_hh": lambda a, g: a[:19]}, r"prnn::lstm_backward: w_hh must have shape \[4\*hidden, hidden\]: its first size must be a multiple of 4, got \[19, 5\]"),
+    ("lstm_backward", {"w_hh": lambda a, g: a[:16]}, r"prnn::lstm_backward: y must have shape \[steps, batch, hidden=4\], got \[4, 3, 5\]"),
+    ("lstm_backward", {"lengths": lambda a, g: torch.tensor([4, 2, 7])}, r"prnn::lstm_backward: lengths must be in \[0, steps=4\], got values in \[2, 7\]"),
     pytest.param("lstm_backward", {"saved": other_device}, r"prnn::lstm_backward: saved must be on the device of y \((cpu|cuda:0)\), got (cuda:0|cpu)", marks=needs_cuda),
-    ("gru_backward", {"saved": lambda a: torch.zeros(4, 3, 25)}, r"prnn::gru_backward: saved must have shape \[steps=4, batch=3, 4\*hidden=20\] \(the forward's, with save=True\), got \[4, 3, 25\]"),
-    ("gru_backward", {"grad_h_n": lambda a: a[:1]}, r"prnn::gru_backward: grad_h_n must have shape \[batch=3, hidden=5\], got \[1, 5\]"),
-    ("gru_backward", {"h0": lambda a: a.half()}, r"prnn::gru_backward: h0 must have the dtype of y \(Float\), got Half"),
-    ("gru_backward", {"lengths": lambda a: a.int()}, r"prnn::gru_backward: lengths must be int64, got Int"),
+    ("gru_backward", {"saved": lambda a, g: g["y"].new_zeros(4, 3, 25)}, r"prnn::gru_backward: saved must have shape \[steps=4, batch=3, 4\*hidden=20\] \(the forward's, with save=True\), got \[4, 3, 25\]"),
+    ("gru_backward", {"grad_h_n": lambda a, g: a[:1]}, r"prnn::gru_backward: grad_h_n must have shape \[batch=3, hidden=5\], got \[1, 5\]"),
+    ("gru_backward", {"h0": lambda a, g: a.half()}, r"prnn::gru_backward: h0 must have the dtype of y \(Float\), got Half"),
+    ("gru_backward", {"lengths": lambda a, g: a.int()}, r"prnn::gru_backward: lengths must be int64, got Int"),
 ]
 
 
@@ -556,7 +560,7 @@ def good_args(op, device):
 @pytest.mark.parametrize("op,change,message", BAD_ARGS)
 def test_bad_args(device, op, change, message):
     good, fn = good_args(op, device)
-    bad = {k: change[k](v) if k in change else v for k, v in good.items()}
+    bad = {k: change[k](v, good) if k in change else v for k, v in good.items()}
     with pytest.raises(RuntimeError, match=message):
         fn(*bad.values())
     expected = fn(*good.values())  # still works
@@ -637,7 +641,7 @@ def test_randomized(cell, proj):
         rng = random.Random(seed)
         T, B, I, H = rng.randint(1, 24), rng.randint(1, 9), rng.randint(1, 12), rng.randint(2 if proj else 1, 40)
         lengths = torch.tensor([rng.randint(1, T) for _ in range(B)]) if rng.random() < 0.5 else None
-        for device in devices:
+        for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
             check_against_torch(cell, proj, device, torch.float32, T, B, I, H, bias=rng.random() < 0.8,
                                 lengths=lengths, seed=seed, what=f"seed {seed} T={T} B={B} I={I} H={H} {device}: ")
 
