@@ -429,7 +429,7 @@ at::Tensor unit_last_stride_or_none(const std::optional<at::Tensor>& t) {
 const char* gate_rows_name(prnn_cell_t cell) { return cell == PRNN_CELL_LSTM ? "4*hidden" : "3*hidden"; }
 const char* state_name(bool projection) { return projection ? "proj_size" : "hidden"; }
 
-// A 2-D [rows, cols] or 3-D [steps, batch, cols] shape's words for check_rank.
+// A shape in words for check_rank: dims({"batch", "hidden"}) is "[batch, hidden]".
 std::string dims(std::initializer_list<const char*> names) {
   std::string out = "[";
   for (const char* name : names) out += (out.size() > 1 ? ", " : "") + std::string(name);
