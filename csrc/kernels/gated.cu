@@ -584,8 +584,6 @@ prnn_status_t gated_device(int device, GatedDevice *d) {
   return PRNN_STATUS_SUCCESS;
 }
 
-int gates_of(prnn_cell_t cell) { return cell == PRNN_CELL_LSTM ? PRNN_LSTM_GATES : PRNN_GRU_GATES; }
-
 /* The persistent kernel of a cell, dtype and pass (NULL for float64). */
 const void *persistent_kernel(prnn_cell_t cell, prnn_dtype_t dtype, bool backward) {
 #define PRNN_GATED_KERNEL(Cell, E) \
@@ -609,7 +607,7 @@ struct GatedLaunch {
 };
 
 size_t persistent_smem(const prnn_problem_t *pb, bool backward, int units, int Kp, int tile) {
-  const int G = gates_of(pb->cell), rows = backward ? units : G * units;
+  const int G = prnn_cell_gates(pb->cell), rows = backward ? units : G * units;
   const size_t floats = (size_t)tile * Kp + (size_t)rows * tile + (size_t)(backward ? 3 : 1) * units * pb->batch;
   return matrix_bytes(rows, Kp, prnn_dtype_size(pb->dtype)) + floats * sizeof(float);
 }
@@ -618,7 +616,7 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, bool backward, const G
   memset(l, 0, sizeof *l);
   const void *fn = persistent_kernel(pb->cell, pb->dtype, backward);
   if (fn == NULL || pb->proj_size > 0 || !dev.cooperative) return PRNN_STATUS_SUCCESS;
-  const int H = (int)pb->hidden, G = gates_of(pb->cell);
+  const int H = (int)pb->hidden, G = prnn_cell_gates(pb->cell);
   const int units = (H + dev.sms - 1) / dev.sms;
   const int K = backward ? G * H : H;
   const int Kp = (int)align_up((size_t)K, kKAlign);
@@ -645,7 +643,7 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, bool backward, const G
 }
 
 size_t stepwise_bytes(const prnn_problem_t *pb, bool backward) {
-  const int G = gates_of(pb->cell);
+  const int G = prnn_cell_gates(pb->cell);
   switch (pb->dtype) {
     case PRNN_DTYPE_FLOAT64: {
       StepwiseBuffers<double, double> b;
@@ -680,7 +678,7 @@ prnn_status_t plan_gated(const prnn_problem_t *pb, bool backward, int device, pr
     out->smem_bytes = l->smem_bytes;
     return PRNN_STATUS_SUCCESS;
   }
-  const int G = gates_of(pb->cell);
+  const int G = prnn_cell_gates(pb->cell);
   if ((int64_t)G * pb->hidden * pb->batch > 0x7fffffff)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "batch x %d x hidden must be < 2^31 for the stepwise tier", G);
   out->tier = PRNN_TIER_STEPWISE;
