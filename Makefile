@@ -41,5 +41,5 @@ demo: deps build
 	$(PYTHON) -m torch_prnn.demo
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache torch_prnn/*.so
+	rm -rf build dist *.egg-info .pytest_cache torch_prnn/*.so torch_prnn/_build_info.py
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -18,6 +18,14 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("csrc", "kernels")
 WITH_CUDA = torch.version.cuda is not None and CUDA_HOME is not None
 
+# _C's C++ ABI is the torch it was compiled against; torch_prnn/__init__.py
+# reads this record before loading _C and refuses another torch.
+BUILD_INFO = """\
+# Written by setup.py when it built _C: the torch it was built against.
+TORCH_VERSION = {torch!r}
+CUDA_VERSION = {cuda!r}  # None: built without CUDA
+"""
+
 
 def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
@@ -54,9 +62,25 @@ def extension():
     )
 
 
+class BuildWithRecord(BuildExtension):
+    """Builds _C, then writes torch_prnn/_build_info.py beside it: in the build
+    tree (what a wheel holds) and, for in-place and editable builds, in the
+    source tree."""
+
+    def run(self):
+        super().run()
+        record = BUILD_INFO.format(torch=torch.__version__, cuda=torch.version.cuda if WITH_CUDA else None)
+        folders = {os.path.join(self.build_lib, "torch_prnn")}
+        if self.inplace:
+            folders.add(os.path.dirname(self.get_ext_fullpath("torch_prnn._C")))
+        for folder in folders:
+            with open(os.path.join(folder, "_build_info.py"), "w") as f:
+                f.write(record)
+
+
 setup(
     ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildWithRecord},
     # One binary for every Python >= 3.10 (see extension()): an abi3 wheel.
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )
