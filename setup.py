@@ -1,21 +1,30 @@
 # Builds torch_prnn._C ahead of time: `python setup.py build_ext --inplace` or
-# `pip install .`. With a CUDA build of torch and nvcc it compiles the CUDA
-# kernels too; otherwise the CUDA entry points are stubs that say so.
+# `pip install --no-build-isolation .` (metadata: pyproject.toml). With a CUDA
+# build of torch and nvcc it compiles the CUDA kernels too; otherwise the CUDA
+# entry points are stubs that say so.
 import glob
 import os
-import re
+import sys
 
-import torch
-from setuptools import find_packages, setup
+try:
+    import torch
+except ImportError:
+    sys.exit("torch_prnn builds against the installed torch: install torch first, "
+             "then `pip install --no-build-isolation .`")
+from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("csrc", "kernels")
+WITH_CUDA = torch.version.cuda is not None and CUDA_HOME is not None
 
-
-def version():
-    with open(os.path.join(ROOT, "torch_prnn", "__init__.py")) as f:
-        return re.search(r'^__version__ = "(.+)"$', f.read(), re.M).group(1)
+# _C's C++ ABI is the torch it was compiled against; torch_prnn/__init__.py
+# reads this record before loading _C and refuses another torch.
+BUILD_INFO = """\
+# Written by setup.py when it built _C: the torch it was built against.
+TORCH_VERSION = {torch!r}
+CUDA_VERSION = {cuda!r}  # None: built without CUDA
+"""
 
 
 def sources(pattern):
@@ -33,8 +42,7 @@ def extension():
     ]
     # One binary for every Python >= 3.10: the module is only a stub that registers ops.
     cxx = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
-    with_cuda = torch.version.cuda is not None and CUDA_HOME is not None
-    if not with_cuda:
+    if not WITH_CUDA:
         return CppExtension(
             "torch_prnn._C",
             common + [os.path.join(KERNELS, "no_cuda.c")],
@@ -55,15 +63,25 @@ def extension():
     )
 
 
+class BuildWithRecord(BuildExtension):
+    """Builds _C, then writes torch_prnn/_build_info.py beside it: in the build
+    tree (what a wheel holds) and, for in-place and editable builds, in the
+    source tree."""
+
+    def run(self):
+        super().run()
+        record = BUILD_INFO.format(torch=torch.__version__, cuda=torch.version.cuda if WITH_CUDA else None)
+        folders = {os.path.join(self.build_lib, "torch_prnn")}
+        if self.inplace:
+            folders.add(os.path.dirname(self.get_ext_fullpath("torch_prnn._C")))
+        for folder in folders:
+            with open(os.path.join(folder, "_build_info.py"), "w") as f:
+                f.write(record)
+
+
 setup(
-    name="torch_prnn",
-    version=version(),
-    description="Persistent CUDA kernels for small-batch Elman RNNs, as a drop-in for torch.nn.RNN",
-    packages=find_packages(include=["torch_prnn", "torch_prnn.*"]),
-    package_data={"torch_prnn": ["*.txt"]},
     ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildWithRecord},
+    # One binary for every Python >= 3.10 (see extension()): an abi3 wheel.
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
-    python_requires=">=3.10",
-    install_requires=["torch>=2.11"],
 )

@@ -6,9 +6,13 @@
 
 import torch  # noqa: F401  (loads libtorch, which _C links against)
 
-from . import _C, ops  # noqa: F401  (registers the ops, their fake kernels and autograd)
-from .ops import plan
-from .rnn import PersistentRNN
+from . import _build_check
+
+_build_check.check()  # before _C: under another torch it would fail on an undefined symbol, or crash
+
+from . import _C, ops  # noqa: E402, F401  (registers the ops, their fake kernels and autograd)
+from .ops import plan  # noqa: E402
+from .rnn import PersistentRNN  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["PersistentRNN", "plan", "__version__"]
