@@ -21,7 +21,8 @@ build:
 	$(PYTHON) setup.py build_ext --inplace
 
 build/test_cpu_reference: tests/c/test_cpu_reference.c csrc/kernels/status.c \
-                          csrc/kernels/cpu_reference.c csrc/kernels/prnn.h csrc/kernels/prnn_internal.h
+                          csrc/kernels/cpu_reference.c csrc/kernels/cpu_gated.c \
+                          csrc/kernels/prnn.h csrc/kernels/prnn_internal.h
 	@mkdir -p build
 	$(CC) $(CFLAGS_TEST) -o $@ $(filter %.c,$^) -lm
 

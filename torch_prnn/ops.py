@@ -1,5 +1,5 @@
 """Python side of the prnn:: ops (defined in csrc/ops): fake kernels for
-torch.compile / export, prnn::backward's (refused) gradient, autocast, and
+torch.compile / export, the backward ops' (refused) gradients, autocast, and
 the plan query."""
 
 import torch
@@ -71,18 +71,71 @@ def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity):
     return y.new_empty(y.shape), h0.new_empty(h0.shape), w_hh.new_empty(w_hh.shape)
 
 
-def _backward_backward(ctx, *grads):
-    # Registered so that the gradient of a gradient fails with this message
-    # instead of silently treating prnn::backward as a constant.
-    raise RuntimeError(
-        "prnn::backward: double backward (a gradient of a gradient) through "
-        "torch_prnn's RNN is not supported"
+@torch.library.register_fake("prnn::lstm")
+def _lstm_fake(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save=False):
+    others = [("b_hh", b_hh), ("h0", h0), ("c0", c0), ("w_hh", w_hh), ("w_hr", w_hr)]
+    _check_devices("prnn::lstm", "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden = xp.shape[0], xp.shape[1], c0.shape[1]
+    state = h0.shape[1]  # proj_size with w_hr, else hidden
+    saved = xp.new_empty((steps, batch, 5 * hidden) if save else (0,))
+    return xp.new_empty((steps, batch, state)), xp.new_empty((batch, state)), xp.new_empty((batch, hidden)), saved
+
+
+@torch.library.register_fake("prnn::gru")
+def _gru_fake(xp, b_hh, h0, w_hh, lengths, save=False):
+    others = [("b_hh", b_hh), ("h0", h0), ("w_hh", w_hh)]
+    _check_devices("prnn::gru", "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden = xp.shape[0], xp.shape[1], h0.shape[1]
+    saved = xp.new_empty((steps, batch, 4 * hidden) if save else (0,))
+    return xp.new_empty((steps, batch, hidden)), xp.new_empty((batch, hidden)), saved
+
+
+@torch.library.register_fake("prnn::lstm_backward")
+def _lstm_backward_fake(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths):
+    others = [("grad_y", grad_y), ("grad_h_n", grad_h_n), ("grad_c_n", grad_c_n), ("h0", h0), ("c0", c0),
+              ("saved", saved), ("w_hh", w_hh), ("w_hr", w_hr)]
+    _check_devices("prnn::lstm_backward", "y", y, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden = y.shape[0], y.shape[1], c0.shape[1]
+    return (
+        y.new_empty((steps, batch, 4 * hidden)),
+        y.new_empty(h0.shape),
+        y.new_empty(c0.shape),
+        y.new_empty(w_hh.shape),
+        y.new_empty((4 * hidden,)),
+        y.new_empty(w_hr.shape if w_hr is not None else (0,)),
     )
 
 
-# prnn::forward's autograd is registered in C++ (csrc/ops/prnn_autograd.cpp):
-# its backward calls prnn::backward, whose gradient is this error.
-torch.library.register_autograd("prnn::backward", _backward_backward)
+@torch.library.register_fake("prnn::gru_backward")
+def _gru_backward_fake(grad_y, grad_h_n, h0, y, saved, w_hh, lengths):
+    others = [("grad_y", grad_y), ("grad_h_n", grad_h_n), ("h0", h0), ("saved", saved), ("w_hh", w_hh)]
+    _check_devices("prnn::gru_backward", "y", y, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden = y.shape[0], y.shape[1], h0.shape[1]
+    return (
+        y.new_empty((steps, batch, 3 * hidden)),
+        y.new_empty(h0.shape),
+        y.new_empty(w_hh.shape),
+        y.new_empty((3 * hidden,)),
+    )
+
+
+def _refuse_double_backward(op):
+    """Registered as the backward ops' gradient so that the gradient of a
+    gradient fails with this message instead of silently treating the op as a
+    constant."""
+
+    def double_backward(ctx, *grads):
+        raise RuntimeError(
+            f"{op}: double backward (a gradient of a gradient) through torch_prnn's RNN is not supported"
+        )
+
+    return double_backward
+
+
+# The forward ops' autograd is registered in C++ (csrc/ops/prnn_autograd.cpp):
+# their backwards call the backward ops, whose gradient is this error.
+for _name in ("backward", "lstm_backward", "gru_backward"):
+    torch.library.register_autograd(f"prnn::{_name}", _refuse_double_backward(f"prnn::{_name}"))
 
 
 # Autocast: run the ops in the active autocast dtype, as nn.RNN does (its
@@ -112,7 +165,7 @@ def _register_autocast(name: str, device_type: str) -> None:
 
 for _device_type in ("cpu", "cuda"):
     if torch.amp.is_autocast_available(_device_type):
-        for _name in ("forward", "layer"):
+        for _name in ("forward", "layer", "lstm", "gru"):
             _register_autocast(_name, _device_type)
 
 
@@ -126,17 +179,22 @@ def plan(
     backward: bool = False,
     lengths: bool = False,
     input_size: int = 0,
+    cell: str = "rnn",
+    proj_size: int = 0,
 ) -> dict:
     """How one layer of this size runs: which tier (``"none"`` when no tier of
     this build runs it), the workspace it needs, and its launch shape
-    (grid, block, rows_per_cta, smem_bytes; 1, 1, hidden, 0 on the CPU).
-    ``backward=True`` asks about the backward-data pass. With ``input_size``,
-    the forward of a whole layer (``torch.ops.prnn.layer``):
-    ``fused_input_projection`` says whether its input projection runs inside
-    the recurrence's launch (on CTAs the recurrence leaves idle) rather than
-    as a GEMM before it."""
+    (grid, block, rows_per_cta, smem_bytes; 1, 1, rows of W_hh (of W_hh^T
+    for ``backward``), 0 on the CPU). ``backward=True`` asks about the
+    backward-data pass. With ``input_size``, the forward of a whole Elman
+    layer (``torch.ops.prnn.layer``): ``fused_input_projection`` says whether
+    its input projection runs inside the recurrence's launch (on CTAs the
+    recurrence leaves idle) rather than as a GEMM before it. ``cell`` is
+    ``"rnn"``, ``"lstm"`` or ``"gru"`` (``nonlinearity`` is the Elman cell's
+    only); ``proj_size`` is an LSTM's projection (0: none)."""
     tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes, fused = torch.ops.prnn.plan(
-        steps, batch, hidden_size, dtype, torch.device(device), nonlinearity, backward, lengths, input_size
+        steps, batch, hidden_size, dtype, torch.device(device), nonlinearity, backward, lengths, input_size,
+        cell, proj_size,
     )
     return {
         "tier": _TIERS[tier],

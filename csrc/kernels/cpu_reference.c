@@ -1,6 +1,8 @@
 /*
- * cpu_reference.c - the CPU reference of prnn.h: plain loops, float32 and
- * float64, accumulating (and carrying the state) in the tensors' own type.
+ * cpu_reference.c - the CPU reference of prnn.h's Elman cell, and the plan
+ * query and call checks of every CPU entry point (the gated cells' loops are in
+ * cpu_gated.c): plain loops, float32 and float64, accumulating (and carrying
+ * the state) in the tensors' own type.
  *
  * C99, and also valid C++17 (torch's extension build compiles .c files with g++):
  * explicit casts from void *, no VLAs, no restrict.
@@ -91,19 +93,35 @@
 PRNN_DEFINE_CPU_PASSES(float, f32, tanhf)
 PRNN_DEFINE_CPU_PASSES(double, f64, tanh)
 
-/* Workspace of a supported problem: the carried state and the matrix-vector
- * product, batch x hidden each, in the accumulator type. Fails for dtypes the
- * reference does not take and for sizes whose plan does not fit the types. */
+/* Workspace of a supported problem, in the accumulator type. Elman: the
+ * carried state and the matrix-vector product, batch x hidden each. Gated
+ * cells (cpu_gated.c): one sequence's gates and m = o tanh(c_t) (W_hr^T dh in
+ * the backward), (gates + 1) x hidden; they carry the state in h_n and c_n
+ * (grad_h0 and grad_c0). Fails for dtypes the reference does not take and for
+ * sizes whose plan does not fit the types. */
 static prnn_status_t cpu_workspace_bytes(const prnn_problem_t *problem, size_t *bytes) {
+  const int64_t gates = prnn_cell_gates(problem->cell);
   size_t elem;
   if (problem->dtype != PRNN_DTYPE_FLOAT32 && problem->dtype != PRNN_DTYPE_FLOAT64)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
                      "the CPU reference takes float32 or float64 (dtype 0 or 1), got dtype %d",
                      (int)problem->dtype);
-  if (problem->hidden > INT_MAX)
-    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "hidden must be <= %d, got %lld", INT_MAX,
-                     (long long)problem->hidden);
+  /* The plan's rows_per_cta, an int: gates x hidden rows of W_hh, the state's of W_hh^T. */
+  if (problem->hidden > INT_MAX / gates)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "hidden must be <= %d for cell %d, got %lld",
+                     (int)(INT_MAX / gates), (int)problem->cell, (long long)problem->hidden);
+  if (problem->proj_size > INT_MAX)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "proj_size must be <= %d, got %lld", INT_MAX,
+                     (long long)problem->proj_size);
   elem = prnn_dtype_size(problem->dtype);
+  if (problem->cell != PRNN_CELL_ELMAN) {
+    const uint64_t count = (uint64_t)(gates + 1) * (uint64_t)problem->hidden;
+    if (count > SIZE_MAX / elem)
+      return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "hidden = %lld is too large for a size_t workspace",
+                       (long long)problem->hidden);
+    *bytes = (size_t)count * elem;
+    return PRNN_STATUS_SUCCESS;
+  }
   if ((uint64_t)problem->batch > (SIZE_MAX / (2 * elem)) / (uint64_t)problem->hidden)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
                      "batch x hidden = %lld x %lld is too large for a size_t workspace",
@@ -112,10 +130,9 @@ static prnn_status_t cpu_workspace_bytes(const prnn_problem_t *problem, size_t *
   return PRNN_STATUS_SUCCESS;
 }
 
-/* What both entry points check beyond the args checks: dtype, workspace, and
- * the host lengths' values (which the args checks do not read). */
-static prnn_status_t check_cpu_call(const prnn_problem_t *problem, const int32_t *lengths,
-                                    const void *workspace, size_t workspace_bytes) {
+/* Described in prnn_internal.h. */
+prnn_status_t prnn_check_cpu_call(const prnn_problem_t *problem, const int32_t *lengths,
+                                  const void *workspace, size_t workspace_bytes) {
   size_t need = 0;
   int64_t b;
   prnn_status_t status = cpu_workspace_bytes(problem, &need);
@@ -154,7 +171,10 @@ prnn_status_t prnn_plan_cpu(const prnn_problem_t *problem, prnn_pass_t pass,
   plan->tier = PRNN_TIER_CPU_REFERENCE;
   plan->workspace_bytes = bytes;
   plan->grid = plan->block = 1;
-  plan->rows_per_cta = (int)problem->hidden;
+  /* the rows of W_hh, or of W_hh^T in the backward (the state's width) */
+  plan->rows_per_cta = pass == PRNN_PASS_FORWARD
+                           ? prnn_cell_gates(problem->cell) * (int)problem->hidden
+                           : (int)prnn_state_size(problem);
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -164,7 +184,7 @@ prnn_status_t prnn_forward_cpu(const prnn_problem_t *problem, const prnn_forward
   prnn_clear_error();
   status = prnn_check_forward_args(problem, args);
   if (status != PRNN_STATUS_SUCCESS) return status;
-  status = check_cpu_call(problem, args->lengths, workspace, workspace_bytes);
+  status = prnn_check_cpu_call(problem, args->lengths, workspace, workspace_bytes);
   if (status != PRNN_STATUS_SUCCESS) return status;
   if (problem->dtype == PRNN_DTYPE_FLOAT32)
     forward_f32(problem, args, (float *)workspace);
@@ -180,7 +200,7 @@ prnn_status_t prnn_backward_data_cpu(const prnn_problem_t *problem,
   prnn_clear_error();
   status = prnn_check_backward_args(problem, args);
   if (status != PRNN_STATUS_SUCCESS) return status;
-  status = check_cpu_call(problem, args->lengths, workspace, workspace_bytes);
+  status = prnn_check_cpu_call(problem, args->lengths, workspace, workspace_bytes);
   if (status != PRNN_STATUS_SUCCESS) return status;
   if (problem->dtype == PRNN_DTYPE_FLOAT32)
     backward_data_f32(problem, args, (float *)workspace);

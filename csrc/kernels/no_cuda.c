@@ -66,3 +66,26 @@ prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem,
   (void)stream;
   return not_compiled();
 }
+
+prnn_status_t prnn_gated_forward_cuda(const prnn_problem_t *problem,
+                                      const prnn_gated_forward_args_t *args, void *workspace,
+                                      size_t workspace_bytes, prnn_stream_t stream) {
+  (void)problem;
+  (void)args;
+  (void)workspace;
+  (void)workspace_bytes;
+  (void)stream;
+  return not_compiled();
+}
+
+prnn_status_t prnn_gated_backward_data_cuda(const prnn_problem_t *problem,
+                                            const prnn_gated_backward_args_t *args,
+                                            void *workspace, size_t workspace_bytes,
+                                            prnn_stream_t stream) {
+  (void)problem;
+  (void)args;
+  (void)workspace;
+  (void)workspace_bytes;
+  (void)stream;
+  return not_compiled();
+}

@@ -110,7 +110,7 @@ const char *prnn_tier_string(prnn_tier_t tier);
 /* The problem: everything but the data. */
 typedef struct prnn_problem {
   prnn_cell_t cell;
-  prnn_activation_t activation;
+  prnn_activation_t activation; /* Elman only (the gated cells' activations are fixed) */
   prnn_dtype_t dtype;
   int64_t steps;      /* T >= 1 */
   int64_t batch;      /* B >= 1 */
@@ -235,9 +235,10 @@ prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem,
  *          n = tanh(xp_n + r hh_n),  h_t = (1 - z) n + z h_{t-1}
  *
  * Past a sequence's length its state (h and c) is frozen, its outputs y and
- * its gradients are zero. The backward pass returns the gradients of the gate
- * pre-activations on both sides, from which the caller's GEMMs give the
- * weight and bias gradients:
+ * its gradients are zero; dLoss/dh_n and dLoss/dc_n enter at its last valid
+ * step (at length 0 they are grad_h0 and grad_c0). The backward pass returns
+ * the gradients of the gate pre-activations on both sides, from which the
+ * caller's GEMMs give the weight and bias gradients:
  *   grad_W_ih = sum_t grad_xp_t^T x_t,      grad_b_ih = sum grad_xp
  *   grad_W_hh = sum_t grad_hh_t^T h_{t-1},  grad_b_hh = sum grad_hh
  *   grad_W_hr = sum_t grad_h_t^T m_t        (m_t = o tanh(c_t), from saved)
@@ -269,9 +270,10 @@ typedef struct prnn_gated_forward_args {
   void *y;                   /* steps x batch x S, contiguous: h_t, zero at and past a length */
   void *h_n;                 /* batch x S, contiguous: the state after each sequence's last step */
   void *c_n;                 /* LSTM: batch x hidden, contiguous, likewise for c; GRU: NULL */
-  void *saved;               /* steps x batch x SAVED*hidden, contiguous (unit-major blocks as
-                                listed at PRNN_*_SAVED, each of width hidden), or NULL when no
-                                backward follows; zero at and past a length */
+  void *saved;               /* steps x batch x SAVED*hidden, contiguous: SAVED blocks of width
+                                hidden in the order listed at PRNN_*_SAVED (value k of unit j
+                                at [k * hidden + j]), or NULL when no backward follows; zero
+                                at and past a length */
 } prnn_gated_forward_args_t;
 
 typedef struct prnn_gated_backward_args {

@@ -26,6 +26,13 @@ void prnn_clear_error(void);
 /* Size in bytes of one element of a dtype (0 for an invalid dtype). */
 size_t prnn_dtype_size(prnn_dtype_t dtype);
 
+/* Gates per hidden unit (Elman 1, LSTM 4, GRU 3; 0 for an invalid cell), values
+ * per hidden unit the gated forward saves (PRNN_*_SAVED; 0 for Elman), and the
+ * width S of the state h (proj_size when set, else hidden). */
+int prnn_cell_gates(prnn_cell_t cell);
+int prnn_cell_saved(prnn_cell_t cell);
+int64_t prnn_state_size(const prnn_problem_t *problem);
+
 /* Validate the problem, and the args of a pass against it: enums in range,
  * sizes >= 1, non-NULL pointers, non-negative strides (0 broadcasts), a
  * lengths pointer iff problem->has_lengths. They do not read tensor memory. */
@@ -36,6 +43,16 @@ prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
                                        const prnn_backward_args_t *args);
 prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem,
                                     const prnn_layer_args_t *args);
+prnn_status_t prnn_check_gated_forward_args(const prnn_problem_t *problem,
+                                            const prnn_gated_forward_args_t *args);
+prnn_status_t prnn_check_gated_backward_args(const prnn_problem_t *problem,
+                                             const prnn_gated_backward_args_t *args);
+
+/* What the CPU entry points check beyond the args checks: dtype, workspace
+ * (size for the problem's cell, alignment), and the host lengths' values
+ * (which the args checks do not read). */
+prnn_status_t prnn_check_cpu_call(const prnn_problem_t *problem, const int32_t *lengths,
+                                  const void *workspace, size_t workspace_bytes);
 
 #ifdef __cplusplus
 }

@@ -108,10 +108,29 @@ static prnn_status_t check_lengths(const prnn_problem_t *problem, const int32_t 
     if (try_status_ != PRNN_STATUS_SUCCESS) return try_status_; \
   } while (0)
 
+int prnn_cell_gates(prnn_cell_t cell) {
+  switch (cell) {
+    case PRNN_CELL_ELMAN: return 1;
+    case PRNN_CELL_LSTM: return PRNN_LSTM_GATES;
+    case PRNN_CELL_GRU: return PRNN_GRU_GATES;
+  }
+  return 0;
+}
+
+int prnn_cell_saved(prnn_cell_t cell) {
+  return cell == PRNN_CELL_LSTM ? PRNN_LSTM_SAVED : cell == PRNN_CELL_GRU ? PRNN_GRU_SAVED : 0;
+}
+
+int64_t prnn_state_size(const prnn_problem_t *problem) {
+  return problem->proj_size > 0 ? problem->proj_size : problem->hidden;
+}
+
 prnn_status_t prnn_check_problem(const prnn_problem_t *problem) {
   PRNN_TRY(check_pointer("problem", problem));
-  if ((int)problem->cell != PRNN_CELL_ELMAN)
-    return prnn_fail(PRNN_STATUS_BAD_PARAM, "cell must be PRNN_CELL_ELMAN (0), got %d",
+  if (prnn_cell_gates(problem->cell) == 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM,
+                     "cell must be PRNN_CELL_ELMAN (0), PRNN_CELL_LSTM (1) or PRNN_CELL_GRU (2), "
+                     "got %d",
                      (int)problem->cell);
   if ((int)problem->activation != PRNN_ACT_TANH && (int)problem->activation != PRNN_ACT_RELU)
     return prnn_fail(PRNN_STATUS_BAD_PARAM,
@@ -125,6 +144,34 @@ prnn_status_t prnn_check_problem(const prnn_problem_t *problem) {
   PRNN_TRY(check_size("steps", problem->steps));
   PRNN_TRY(check_size("batch", problem->batch));
   PRNN_TRY(check_size("hidden", problem->hidden));
+  if (problem->proj_size < 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "proj_size must be >= 0, got %lld",
+                     (long long)problem->proj_size);
+  if (problem->proj_size != 0 && (int)problem->cell != PRNN_CELL_LSTM)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM,
+                     "proj_size must be 0 for cell %d (only an LSTM has a projection), got %lld",
+                     (int)problem->cell, (long long)problem->proj_size);
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* The Elman entry points take only the Elman cell; the gated ones only LSTM and GRU. */
+static prnn_status_t check_elman(const prnn_problem_t *problem) {
+  PRNN_TRY(prnn_check_problem(problem));
+  if ((int)problem->cell != PRNN_CELL_ELMAN)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM,
+                     "cell must be PRNN_CELL_ELMAN (0) here (the gated cells run through "
+                     "prnn_gated_*), got %d",
+                     (int)problem->cell);
+  return PRNN_STATUS_SUCCESS;
+}
+
+static prnn_status_t check_gated(const prnn_problem_t *problem) {
+  PRNN_TRY(prnn_check_problem(problem));
+  if ((int)problem->cell != PRNN_CELL_LSTM && (int)problem->cell != PRNN_CELL_GRU)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM,
+                     "cell must be PRNN_CELL_LSTM (1) or PRNN_CELL_GRU (2) in the gated passes, "
+                     "got %d",
+                     (int)problem->cell);
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -144,7 +191,7 @@ static prnn_status_t check_recurrence(const prnn_problem_t *problem, const void 
 /* The args checks validate the problem first, so one call covers an entry point. */
 prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
                                       const prnn_forward_args_t *args) {
-  PRNN_TRY(prnn_check_problem(problem));
+  PRNN_TRY(check_elman(problem));
   PRNN_TRY(check_pointer("args", args));
   PRNN_TRY(check_pointer("xp", args->xp));
   PRNN_TRY(check_stride("xp_stride_t", args->xp_stride_t));
@@ -155,7 +202,7 @@ prnn_status_t prnn_check_forward_args(const prnn_problem_t *problem,
 
 prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
                                        const prnn_backward_args_t *args) {
-  PRNN_TRY(prnn_check_problem(problem));
+  PRNN_TRY(check_elman(problem));
   PRNN_TRY(check_pointer("args", args));
   PRNN_TRY(check_pointer("grad_y", args->grad_y));
   PRNN_TRY(check_stride("grad_y_stride_t", args->grad_y_stride_t));
@@ -169,7 +216,7 @@ prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
 }
 
 prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem, const prnn_layer_args_t *args) {
-  PRNN_TRY(prnn_check_problem(problem));
+  PRNN_TRY(check_elman(problem));
   PRNN_TRY(check_pointer("args", args));
   PRNN_TRY(check_pointer("x", args->x));
   PRNN_TRY(check_stride("x_stride_t", args->x_stride_t));
@@ -181,4 +228,81 @@ prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem, const prnn_la
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "b_ih and b_hh must both be NULL or both be given");
   return check_recurrence(problem, args->h0, args->h0_stride_b, args->w_hh, args->w_hh_stride, args->lengths,
                           args->y);
+}
+
+/* A pointer the cell requires (`required`), or one it must leave NULL; `when`
+ * completes the message ("for an LSTM"). A given pointer's stride must be >= 0. */
+static prnn_status_t check_presence(const char *name, const void *p, const char *stride_name,
+                                    int64_t stride, int required, const char *when) {
+  if (required && p == NULL)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "%s must not be NULL %s", name, when);
+  if (!required && p != NULL)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "%s must be NULL %s", name, when);
+  if (p != NULL && stride_name != NULL) PRNN_TRY(check_stride(stride_name, stride));
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* An optional pointer (NULL: zero): its stride is checked when it is given. */
+static prnn_status_t check_optional(const void *p, const char *stride_name, int64_t stride) {
+  if (p != NULL) PRNN_TRY(check_stride(stride_name, stride));
+  return PRNN_STATUS_SUCCESS;
+}
+
+static const char *cell_words(int lstm) { return lstm ? "for an LSTM" : "for a GRU"; }
+
+static const char *proj_words(int proj) {
+  return proj ? "with proj_size > 0" : "without a projection (proj_size 0)";
+}
+
+prnn_status_t prnn_check_gated_forward_args(const prnn_problem_t *problem,
+                                            const prnn_gated_forward_args_t *args) {
+  int lstm, proj;
+  PRNN_TRY(check_gated(problem));
+  PRNN_TRY(check_pointer("args", args));
+  lstm = (int)problem->cell == PRNN_CELL_LSTM;
+  proj = problem->proj_size > 0;
+  PRNN_TRY(check_pointer("xp", args->xp));
+  PRNN_TRY(check_stride("xp_stride_t", args->xp_stride_t));
+  PRNN_TRY(check_stride("xp_stride_b", args->xp_stride_b));
+  PRNN_TRY(check_pointer("h0", args->h0));
+  PRNN_TRY(check_stride("h0_stride_b", args->h0_stride_b));
+  PRNN_TRY(check_presence("c0", args->c0, "c0_stride_b", args->c0_stride_b, lstm, cell_words(lstm)));
+  PRNN_TRY(check_pointer("w_hh", args->w_hh));
+  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
+  PRNN_TRY(check_presence("w_hr", args->w_hr, "w_hr_stride", args->w_hr_stride, proj, proj_words(proj)));
+  PRNN_TRY(check_lengths(problem, args->lengths));
+  PRNN_TRY(check_pointer("y", args->y));
+  PRNN_TRY(check_pointer("h_n", args->h_n));
+  return check_presence("c_n", args->c_n, NULL, 0, lstm, cell_words(lstm));
+}
+
+prnn_status_t prnn_check_gated_backward_args(const prnn_problem_t *problem,
+                                             const prnn_gated_backward_args_t *args) {
+  int lstm, proj;
+  PRNN_TRY(check_gated(problem));
+  PRNN_TRY(check_pointer("args", args));
+  lstm = (int)problem->cell == PRNN_CELL_LSTM;
+  proj = problem->proj_size > 0;
+  PRNN_TRY(check_pointer("grad_y", args->grad_y));
+  PRNN_TRY(check_stride("grad_y_stride_t", args->grad_y_stride_t));
+  PRNN_TRY(check_stride("grad_y_stride_b", args->grad_y_stride_b));
+  PRNN_TRY(check_optional(args->grad_h_n, "grad_h_n_stride_b", args->grad_h_n_stride_b));
+  if (lstm)
+    PRNN_TRY(check_optional(args->grad_c_n, "grad_c_n_stride_b", args->grad_c_n_stride_b));
+  else
+    PRNN_TRY(check_presence("grad_c_n", args->grad_c_n, NULL, 0, 0, cell_words(lstm)));
+  PRNN_TRY(check_pointer("h0", args->h0));
+  PRNN_TRY(check_stride("h0_stride_b", args->h0_stride_b));
+  PRNN_TRY(check_presence("c0", args->c0, "c0_stride_b", args->c0_stride_b, lstm, cell_words(lstm)));
+  PRNN_TRY(check_pointer("y", args->y));
+  PRNN_TRY(check_pointer("saved", args->saved));
+  PRNN_TRY(check_pointer("w_hh", args->w_hh));
+  PRNN_TRY(check_stride("w_hh_stride", args->w_hh_stride));
+  PRNN_TRY(check_presence("w_hr", args->w_hr, "w_hr_stride", args->w_hr_stride, proj, proj_words(proj)));
+  PRNN_TRY(check_lengths(problem, args->lengths));
+  PRNN_TRY(check_pointer("grad_xp", args->grad_xp));
+  PRNN_TRY(check_presence("grad_hh", args->grad_hh, NULL, 0, !lstm, cell_words(lstm)));
+  PRNN_TRY(check_presence("grad_h", args->grad_h, NULL, 0, proj, proj_words(proj)));
+  PRNN_TRY(check_pointer("grad_h0", args->grad_h0));
+  return check_presence("grad_c0", args->grad_c0, NULL, 0, lstm, cell_words(lstm));
 }

@@ -1,9 +1,11 @@
-// prnn_autograd.cpp - autograd of prnn::forward and prnn::layer, registered in
-// C++ for every device: a training step's forward and backward then never
-// enter Python for the ops (torch.library's Python wrapper cost about 50 us
-// of host time per step, which the GPU waited for: bench/NOTES.md). Both
-// backwards call the prnn::backward op through the dispatcher so that its own
-// autograd registration (torch_prnn/ops.py: double backward raises) applies.
+// prnn_autograd.cpp - autograd of prnn::forward, prnn::layer, prnn::lstm and
+// prnn::gru, registered in C++ for every device: a training step's forward
+// and backward then never enter Python for the ops (torch.library's Python
+// wrapper cost about 50 us of host time per step, which the GPU waited for:
+// bench/NOTES.md). The backwards call the backward ops (prnn::backward,
+// prnn::lstm_backward, prnn::gru_backward) through the dispatcher so that
+// their own autograd registration (torch_prnn/ops.py: double backward
+// raises) applies.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -90,6 +92,71 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
   }
 };
 
+// prnn::lstm's and prnn::gru's autograd: one Function for both cells (a GRU
+// passes no c0 and no w_hr). The forward asks the op for `saved`, which the
+// backward op takes; the gradients of y, h_n and c_n enter the backward op,
+// the undefined ones as zeros (grad_y) or None.
+class GatedFunction : public torch::autograd::Function<GatedFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& xp,
+                               const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                               const std::optional<at::Tensor>& c0, const at::Tensor& w_hh,
+                               const std::optional<at::Tensor>& w_hr,
+                               const std::optional<at::Tensor>& lengths, bool save, bool lstm) {
+    at::Tensor y, h_n, c_n, saved;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      if (lstm)
+        std::tie(y, h_n, c_n, saved) = call_lstm(xp, b_hh, h0, *c0, w_hh, w_hr, lengths, true);
+      else
+        std::tie(y, h_n, saved) = call_gru(xp, b_hh, h0, w_hh, lengths, true);
+    }
+    // What nn.LSTM / nn.GRU keep: the states and the gates, not xp. Saved
+    // tensors, so that an in-place change before backward raises autograd's error.
+    ctx->save_for_backward({h0, c0.value_or(at::Tensor()), w_hh, w_hr.value_or(at::Tensor()), y,
+                            saved, lengths.value_or(at::Tensor())});
+    ctx->saved_data["lstm"] = lstm;
+    ctx->saved_data["has_b_hh"] = b_hh.has_value();
+    ctx->set_materialize_grads(false);
+    // The caller's `saved` as it asked for it: without save, a [0] tensor, as below autograd.
+    at::Tensor saved_out = save ? saved : at::empty({0}, saved.options());
+    ctx->mark_non_differentiable({saved_out});
+    if (lstm) return {y, h_n, c_n, saved_out};
+    return {y, h_n, saved_out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();  // h0, c0, w_hh, w_hr, y, saved, lengths
+    const auto optional = [](const at::Tensor& t) {
+      return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+    };
+    const bool lstm = ctx->saved_data["lstm"].toBool();
+    const at::Tensor &h0 = s[0], &c0 = s[1], &w_hh = s[2], &y = s[4], &saved = s[5];
+    const std::optional<at::Tensor> w_hr = optional(s[3]), lengths = optional(s[6]);
+    // grads: y, h_n, (c_n,) saved; undefined where the loss does not use an output.
+    const at::Tensor grad_y = grads[0].defined() ? grads[0] : at::zeros_like(y);
+    const std::optional<at::Tensor> grad_h_n = optional(grads[1]);
+    at::Tensor grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr;
+    if (lstm)
+      std::tie(grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr) = call_lstm_backward(
+          grad_y, grad_h_n, optional(grads[2]), h0, c0, y, saved, w_hh, w_hr, lengths);
+    else
+      std::tie(grad_xp, grad_h0, grad_w_hh, grad_b_hh) =
+          call_gru_backward(grad_y, grad_h_n, h0, y, saved, w_hh, lengths);
+    // Autograd's edges are the tensor inputs present, in order: xp, [b_hh,] h0, [c0,] w_hh, [w_hr].
+    int64_t edge = 0;
+    const auto wanted = [&](bool present) { return present && ctx->needs_input_grad(edge++); };
+    const bool want_xp = wanted(true), want_b_hh = wanted(ctx->saved_data["has_b_hh"].toBool()),
+               want_h0 = wanted(true), want_c0 = wanted(lstm), want_w_hh = wanted(true),
+               want_w_hr = wanted(w_hr.has_value());
+    const auto keep = [](bool want, const at::Tensor& t) { return want ? t : at::Tensor(); };
+    // One gradient per forward argument: lengths, save and lstm have none.
+    return {keep(want_xp, grad_xp),     keep(want_b_hh, grad_b_hh), keep(want_h0, grad_h0),
+            keep(want_c0, grad_c0),     keep(want_w_hh, grad_w_hh), keep(want_w_hr, grad_w_hr),
+            at::Tensor(),               at::Tensor(),               at::Tensor()};
+  }
+};
+
 // Forward-mode AD (torch.autograd.forward_ad) has no jvp formula here, and
 // below autograd a dual input's tangent would be dropped without a word.
 void refuse_forward_ad(const char* op, std::initializer_list<const at::Tensor*> inputs) {
@@ -136,10 +203,46 @@ at::Tensor layer_autograd(const at::Tensor& x, const at::Tensor& w_ih,
   return LayerFunction::apply(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_autograd(
+    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths, bool save) {
+  static const at::Tensor none;
+  const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
+  const at::Tensor* wr = w_hr.has_value() ? &*w_hr : &none;
+  refuse_forward_ad("prnn::lstm", {&xp, bh, &h0, &c0, &w_hh, wr});
+  if (!records_graph({&xp, bh, &h0, &c0, &w_hh, wr})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_lstm(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
+  }
+  const variable_list out = GatedFunction::apply(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save, true);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_autograd(const at::Tensor& xp,
+                                                            const std::optional<at::Tensor>& b_hh,
+                                                            const at::Tensor& h0,
+                                                            const at::Tensor& w_hh,
+                                                            const std::optional<at::Tensor>& lengths,
+                                                            bool save) {
+  static const at::Tensor none;
+  const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
+  refuse_forward_ad("prnn::gru", {&xp, bh, &h0, &w_hh});
+  if (!records_graph({&xp, bh, &h0, &w_hh})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_gru(xp, b_hh, h0, w_hh, lengths, save);
+  }
+  const variable_list out =
+      GatedFunction::apply(xp, b_hh, h0, std::nullopt, w_hh, std::nullopt, lengths, save, false);
+  return {out[0], out[1], out[2]};
+}
+
 }  // namespace
 }  // namespace torch_prnn
 
 TORCH_LIBRARY_IMPL(prnn, Autograd, m) {
   m.impl("forward", &torch_prnn::forward_autograd);
   m.impl("layer", &torch_prnn::layer_autograd);
+  m.impl("lstm", &torch_prnn::lstm_autograd);
+  m.impl("gru", &torch_prnn::gru_autograd);
 }

@@ -160,22 +160,33 @@ prnn_status_t plan_for_device(const char* op, prnn_problem_t problem, prnn_pass_
               device.is_cuda() ? ": torch_prnn was built without CUDA" : ": expected cpu or cuda");
 }
 
+prnn_cell_t to_cell(const char* op, c10::string_view cell) {
+  TORCH_CHECK_VALUE(cell == "rnn" || cell == "lstm" || cell == "gru", op,
+                    ": cell must be 'rnn', 'lstm' or 'gru', got '", std::string(cell), "'");
+  return cell == "rnn" ? PRNN_CELL_ELMAN : cell == "lstm" ? PRNN_CELL_LSTM : PRNN_CELL_GRU;
+}
+
 // Returns [tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes, fused_input_projection].
 std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::ScalarType dtype,
                           c10::Device device, c10::string_view nonlinearity, bool backward,
-                          bool has_lengths, int64_t input) {
+                          bool has_lengths, int64_t input, c10::string_view cell, int64_t proj_size) {
   const char* op = "prnn::plan";
   const std::optional<prnn_dtype_t> type = to_prnn_dtype(dtype);
   TORCH_CHECK(type.has_value(), op, ": dtype must be float32, float64, float16 or bfloat16, got ",
               dtype);
-  const prnn_problem_t problem{PRNN_CELL_ELMAN, to_activation(op, nonlinearity), *type, steps,
-                               batch, hidden, has_lengths};
+  const prnn_cell_t cell_type = to_cell(op, cell);
+  TORCH_CHECK_VALUE(proj_size >= 0, op, ": proj_size must be >= 0, got ", proj_size);
+  TORCH_CHECK_VALUE(proj_size == 0 || cell_type == PRNN_CELL_LSTM, op,
+                    ": proj_size is for cell='lstm' only, got proj_size=", proj_size, " with cell='",
+                    std::string(cell), "'");
+  const prnn_problem_t problem{cell_type, to_activation(op, nonlinearity), *type, steps,
+                               batch,     hidden, has_lengths, proj_size};
   prnn_plan_t plan{};
   TORCH_CHECK(input >= 0, op, ": input must be >= 0, got ", input);
-  // The fused layer (forward only): its plan where a kernel fuses it, else the recurrence's.
+  // The fused layer (Elman forward only): its plan where a kernel fuses it, else the recurrence's.
   bool fused = false;
 #ifdef WITH_CUDA
-  if (input > 0 && !backward && device.is_cuda()) {
+  if (input > 0 && !backward && device.is_cuda() && cell_type == PRNN_CELL_ELMAN) {
     const prnn_status_t status = plan_layer_cuda(problem, input, device, &plan);
     if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
     fused = status == PRNN_STATUS_SUCCESS;
@@ -380,15 +391,445 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
     return {grad_xp, at::zeros(h0.sizes(), h0.options()), at::zeros(w_hh.sizes(), w_hh.options())};
   }
   const at::Tensor delta0 = grad_xp.select(0, 0);  // batch x hidden
+  return {grad_xp, delta0.mm(w_hh), recurrent_weight_grad(grad_xp, y, h0)};
+}
+
+at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0) {
+  const int64_t T = delta.size(0);
   // Every step in one GEMM over the flattened (step, batch) rows, against
   // the state before each step (h0, then y_0 .. y_{T-2}). The t = 0 term as a
   // GEMM of its own (K = batch) made cuBLAS load a kernel that took 30-40 ms
   // on its first call (bench/NOTES.md step 33; at T = 1 K is the batch
-  // again); the copy costs T B H elements.
-  const at::Tensor prev = at::cat({h0.unsqueeze(0), y.slice(0, 0, T - 1)}, 0);
-  at::Tensor grad_w_hh = as_rows(grad_xp).t().mm(as_rows(prev));
-  return {grad_xp, delta0.mm(w_hh), grad_w_hh};
+  // again); the copy costs T B S elements.
+  const at::Tensor prev = T > 0 ? at::cat({h0.unsqueeze(0), y.slice(0, 0, T - 1)}, 0) : y;
+  return as_rows(delta).t().mm(as_rows(prev));
 }
+
+// ---- The gated cells ----
+
+namespace {
+
+int64_t gates_of(prnn_cell_t cell) { return cell == PRNN_CELL_LSTM ? PRNN_LSTM_GATES : PRNN_GRU_GATES; }
+int64_t saved_of(prnn_cell_t cell) { return cell == PRNN_CELL_LSTM ? PRNN_LSTM_SAVED : PRNN_GRU_SAVED; }
+int64_t state_size(const prnn_problem_t& problem) {
+  return problem.proj_size > 0 ? problem.proj_size : problem.hidden;
+}
+
+const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+void* mutable_data_or_null(const at::Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; }
+
+// A unit-stride copy where the C API needs one (undefined stays undefined).
+at::Tensor unit_last_stride_or_none(const at::Tensor& t) { return t.defined() ? unit_last_stride(t) : t; }
+at::Tensor unit_last_stride_or_none(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? unit_last_stride(*t) : at::Tensor();
+}
+
+// The names of the gate rows ("4*hidden") and of the state's width S
+// ("proj_size" with a projection, else "hidden") in messages.
+const char* gate_rows_name(prnn_cell_t cell) { return cell == PRNN_CELL_LSTM ? "4*hidden" : "3*hidden"; }
+const char* state_name(bool projection) { return projection ? "proj_size" : "hidden"; }
+
+// A 2-D [rows, cols] or 3-D [steps, batch, cols] shape's words for check_rank.
+std::string dims(std::initializer_list<const char*> names) {
+  std::string out = "[";
+  for (const char* name : names) out += (out.size() > 1 ? ", " : "") + std::string(name);
+  return out + "]";
+}
+
+// The projection's size P from w_hr [P, H] (0 without one); H >= 1 and P >= 1 with one.
+int64_t check_projection(const char* op, const std::optional<at::Tensor>& w_hr, const char* ref_name,
+                         const at::Tensor& ref, int64_t H) {
+  if (!w_hr.has_value()) return 0;
+  check_rank(op, "w_hr", *w_hr, 2, "[proj_size, hidden]");
+  check_like(op, "w_hr", *w_hr, ref_name, ref);
+  TORCH_CHECK(H >= 1, op, ": a projection (w_hr) needs hidden >= 1, got hidden 0");
+  TORCH_CHECK(w_hr->size(0) >= 1 && w_hr->size(1) == H, op,
+              ": w_hr must have shape [proj_size >= 1, hidden=", H, "], got ", w_hr->sizes());
+  return w_hr->size(0);
+}
+
+// A [batch, width] state (h0, c0, grad_h_n, grad_c_n) of ref's dtype and device.
+void check_state(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                 const at::Tensor& ref, int64_t B, const char* width_name, int64_t width) {
+  check_rank(op, name, t, 2, dims({"batch", width_name}).c_str());
+  check_like(op, name, t, ref_name, ref);
+  TORCH_CHECK(t.size(0) == B && t.size(1) == width, op, ": ", name, " must have shape [batch=", B,
+              ", ", width_name, "=", width, "], got ", t.sizes());
+}
+
+void check_w_hh(const char* op, prnn_cell_t cell, const at::Tensor& w_hh, int64_t H, bool projection,
+                int64_t S) {
+  TORCH_CHECK(w_hh.size(0) == gates_of(cell) * H && w_hh.size(1) == S, op, ": w_hh must have shape [",
+              gate_rows_name(cell), "=", gates_of(cell) * H, ", ", state_name(projection), "=", S,
+              "], got ", w_hh.sizes());
+}
+
+}  // namespace
+
+prnn_problem_t check_gated_forward(const char* op, prnn_cell_t cell, const at::Tensor& xp,
+                                   const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                                   const at::Tensor& c0, const at::Tensor& w_hh,
+                                   const std::optional<at::Tensor>& w_hr,
+                                   const std::optional<at::Tensor>& lengths) {
+  const bool lstm = cell == PRNN_CELL_LSTM, projection = w_hr.has_value();
+  const int64_t G = gates_of(cell);
+  const char* rows = gate_rows_name(cell);
+  check_rank(op, "xp", xp, 3, dims({"steps", "batch", rows}).c_str());
+  const std::optional<prnn_dtype_t> dtype = to_prnn_dtype(xp.scalar_type());
+  TORCH_CHECK(dtype.has_value(), op, ": xp must be float32, float64, float16 or bfloat16, got ",
+              xp.scalar_type());
+  check_rank(op, "w_hh", w_hh, 2, dims({rows, state_name(projection)}).c_str());
+  check_like(op, "w_hh", w_hh, "xp", xp);
+  const int64_t T = xp.size(0), B = xp.size(1);
+  TORCH_CHECK(xp.size(2) % G == 0, op, ": xp must have shape [steps, batch, ", rows,
+              "]: its last size must be a multiple of ", G, ", got ", xp.sizes());
+  const int64_t H = xp.size(2) / G;
+  const int64_t P = check_projection(op, w_hr, "xp", xp, H), S = projection ? P : H;
+  check_state(op, "h0", h0, "xp", xp, B, state_name(projection), S);
+  if (lstm) check_state(op, "c0", c0, "xp", xp, B, "hidden", H);
+  check_w_hh(op, cell, w_hh, H, projection, S);
+  if (b_hh.has_value()) {
+    check_rank(op, "b_hh", *b_hh, 1, dims({rows}).c_str());
+    check_like(op, "b_hh", *b_hh, "xp", xp);
+    TORCH_CHECK(b_hh->size(0) == G * H, op, ": b_hh must have shape [", rows, "=", G * H, "], got ",
+                b_hh->sizes());
+  }
+  return prnn_problem_t{cell, PRNN_ACT_TANH, *dtype, T, B, H, lengths.has_value(), P};
+}
+
+prnn_problem_t check_gated_backward(const char* op, prnn_cell_t cell, const at::Tensor& grad_y,
+                                    const std::optional<at::Tensor>& grad_h_n,
+                                    const std::optional<at::Tensor>& grad_c_n,
+                                    const at::Tensor& h0, const at::Tensor& c0,
+                                    const at::Tensor& y, const at::Tensor& saved,
+                                    const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                                    const std::optional<at::Tensor>& lengths) {
+  const bool lstm = cell == PRNN_CELL_LSTM, projection = w_hr.has_value();
+  const int64_t G = gates_of(cell);
+  const char* rows = gate_rows_name(cell);
+  const char* state = state_name(projection);
+  check_rank(op, "y", y, 3, dims({"steps", "batch", state}).c_str());
+  const std::optional<prnn_dtype_t> dtype = to_prnn_dtype(y.scalar_type());
+  TORCH_CHECK(dtype.has_value(), op, ": y must be float32, float64, float16 or bfloat16, got ",
+              y.scalar_type());
+  check_defined(op, "grad_y", grad_y);
+  check_like(op, "grad_y", grad_y, "y", y);
+  TORCH_CHECK(grad_y.sizes() == y.sizes(), op, ": grad_y must have the shape of y ", y.sizes(),
+              ", got ", grad_y.sizes());
+  check_rank(op, "w_hh", w_hh, 2, dims({rows, state}).c_str());
+  check_like(op, "w_hh", w_hh, "y", y);
+  TORCH_CHECK(w_hh.size(0) % G == 0, op, ": w_hh must have shape [", rows, ", ", state,
+              "]: its first size must be a multiple of ", G, ", got ", w_hh.sizes());
+  const int64_t T = y.size(0), B = y.size(1), H = w_hh.size(0) / G;
+  const int64_t P = check_projection(op, w_hr, "y", y, H), S = projection ? P : H;
+  TORCH_CHECK(y.size(2) == S, op, ": y must have shape [steps, batch, ", state, "=", S, "], got ",
+              y.sizes());
+  check_w_hh(op, cell, w_hh, H, projection, S);
+  check_state(op, "h0", h0, "y", y, B, state, S);
+  if (lstm) check_state(op, "c0", c0, "y", y, B, "hidden", H);
+  const int64_t saved_width = saved_of(cell) * H;
+  check_rank(op, "saved", saved, 3, "[steps, batch, saved values*hidden]");
+  check_like(op, "saved", saved, "y", y);
+  TORCH_CHECK(saved.size(0) == T && saved.size(1) == B && saved.size(2) == saved_width, op,
+              ": saved must have shape [steps=", T, ", batch=", B, ", ", saved_of(cell), "*hidden=",
+              saved_width, "] (the forward's, with save=True), got ", saved.sizes());
+  if (grad_h_n.has_value()) check_state(op, "grad_h_n", *grad_h_n, "y", y, B, state, S);
+  if (grad_c_n.has_value()) check_state(op, "grad_c_n", *grad_c_n, "y", y, B, "hidden", H);
+  return prnn_problem_t{cell, PRNN_ACT_TANH, *dtype, T, B, H, lengths.has_value(), P};
+}
+
+GatedForwardCall gated_forward_call(const prnn_problem_t& problem, const at::Tensor& xp,
+                                    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                                    const at::Tensor& c0, const at::Tensor& w_hh,
+                                    const std::optional<at::Tensor>& w_hr,
+                                    const at::Tensor& lengths32, bool save) {
+  const bool lstm = problem.cell == PRNN_CELL_LSTM;
+  const int64_t T = problem.steps, B = problem.batch, H = problem.hidden, S = state_size(problem);
+  const at::TensorOptions options = xp.options();
+  GatedForwardCall call{};
+  call.y = at::empty({T, B, S}, options);
+  call.saved = save ? at::empty({T, B, saved_of(problem.cell) * H}, options) : at::empty({0}, options);
+  if (is_empty(problem)) {
+    // No step runs: the final states are the initial ones (copies: an op never returns an input).
+    call.h_n = h0.clone(at::MemoryFormat::Contiguous);
+    if (lstm) call.c_n = c0.clone(at::MemoryFormat::Contiguous);
+    return call;
+  }
+  call.h_n = at::empty({B, S}, options);
+  if (lstm) call.c_n = at::empty({B, H}, options);
+  call.xp = unit_last_stride(xp);
+  call.b_hh = b_hh.has_value() ? b_hh->contiguous() : at::Tensor();
+  call.h0 = unit_last_stride(h0);
+  call.c0 = unit_last_stride_or_none(c0);
+  call.w_hh = unit_last_stride(w_hh);
+  call.w_hr = unit_last_stride_or_none(w_hr);
+  call.lengths32 = lengths32;
+
+  prnn_gated_forward_args_t& a = call.args;
+  a.xp = call.xp.const_data_ptr();
+  a.xp_stride_t = call.xp.stride(0);
+  a.xp_stride_b = call.xp.stride(1);
+  a.b_hh = data_or_null(call.b_hh);
+  a.h0 = call.h0.const_data_ptr();
+  a.h0_stride_b = call.h0.stride(0);
+  a.c0 = data_or_null(call.c0);
+  a.c0_stride_b = lstm ? call.c0.stride(0) : 0;
+  a.w_hh = call.w_hh.const_data_ptr();
+  a.w_hh_stride = call.w_hh.stride(0);
+  a.w_hr = data_or_null(call.w_hr);
+  a.w_hr_stride = call.w_hr.defined() ? call.w_hr.stride(0) : 0;
+  a.lengths = lengths32.defined() ? lengths32.const_data_ptr<int32_t>() : nullptr;
+  a.y = call.y.mutable_data_ptr();
+  a.h_n = call.h_n.mutable_data_ptr();
+  a.c_n = mutable_data_or_null(call.c_n);
+  a.saved = save ? call.saved.mutable_data_ptr() : nullptr;
+  return call;
+}
+
+GatedBackwardCall gated_backward_call(const prnn_problem_t& problem, const at::Tensor& grad_y,
+                                      const std::optional<at::Tensor>& grad_h_n,
+                                      const std::optional<at::Tensor>& grad_c_n,
+                                      const at::Tensor& h0, const at::Tensor& c0,
+                                      const at::Tensor& y, const at::Tensor& saved,
+                                      const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                                      const at::Tensor& lengths32) {
+  const bool lstm = problem.cell == PRNN_CELL_LSTM;
+  const int64_t T = problem.steps, B = problem.batch, H = problem.hidden, S = state_size(problem);
+  const int64_t GH = gates_of(problem.cell) * H;
+  const at::TensorOptions options = y.options();
+  GatedBackwardCall call{};
+  call.grad_xp = at::empty({T, B, GH}, options);
+  if (!lstm) call.grad_hh = at::empty({T, B, GH}, options);
+  if (problem.proj_size > 0) call.grad_h = at::empty({T, B, S}, options);
+  // What finish_gated_backward reads, also for a zero-size problem.
+  call.h0 = unit_last_stride(h0);
+  call.y = y.contiguous();
+  call.saved = saved.contiguous();
+  if (is_empty(problem)) {
+    // No step runs: grad_h_n and grad_c_n reach h0 and c0 unchanged. Every
+    // [T, B, .] gradient is empty (T, B or H is zero, and a projection needs H).
+    call.grad_h0 = grad_h_n.has_value() ? grad_h_n->clone(at::MemoryFormat::Contiguous)
+                                        : at::zeros({B, S}, options);
+    if (lstm)
+      call.grad_c0 = grad_c_n.has_value() ? grad_c_n->clone(at::MemoryFormat::Contiguous)
+                                          : at::zeros({B, H}, options);
+    return call;
+  }
+  call.grad_h0 = at::empty({B, S}, options);
+  if (lstm) call.grad_c0 = at::empty({B, H}, options);
+  call.grad_y = unit_last_stride(grad_y);
+  call.grad_h_n = unit_last_stride_or_none(grad_h_n);
+  call.grad_c_n = unit_last_stride_or_none(grad_c_n);
+  call.c0 = unit_last_stride_or_none(c0);
+  call.w_hh = unit_last_stride(w_hh);
+  call.w_hr = unit_last_stride_or_none(w_hr);
+  call.lengths32 = lengths32;
+
+  prnn_gated_backward_args_t& a = call.args;
+  a.grad_y = call.grad_y.const_data_ptr();
+  a.grad_y_stride_t = call.grad_y.stride(0);
+  a.grad_y_stride_b = call.grad_y.stride(1);
+  a.grad_h_n = data_or_null(call.grad_h_n);
+  a.grad_h_n_stride_b = call.grad_h_n.defined() ? call.grad_h_n.stride(0) : 0;
+  a.grad_c_n = data_or_null(call.grad_c_n);
+  a.grad_c_n_stride_b = call.grad_c_n.defined() ? call.grad_c_n.stride(0) : 0;
+  a.h0 = call.h0.const_data_ptr();
+  a.h0_stride_b = call.h0.stride(0);
+  a.c0 = data_or_null(call.c0);
+  a.c0_stride_b = lstm ? call.c0.stride(0) : 0;
+  a.y = call.y.const_data_ptr();
+  a.saved = call.saved.const_data_ptr();
+  a.w_hh = call.w_hh.const_data_ptr();
+  a.w_hh_stride = call.w_hh.stride(0);
+  a.w_hr = data_or_null(call.w_hr);
+  a.w_hr_stride = call.w_hr.defined() ? call.w_hr.stride(0) : 0;
+  a.lengths = lengths32.defined() ? lengths32.const_data_ptr<int32_t>() : nullptr;
+  a.grad_xp = call.grad_xp.mutable_data_ptr();
+  a.grad_hh = mutable_data_or_null(call.grad_hh);
+  a.grad_h = mutable_data_or_null(call.grad_h);
+  a.grad_h0 = call.grad_h0.mutable_data_ptr();
+  a.grad_c0 = mutable_data_or_null(call.grad_c0);
+  return call;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call) {
+  // dLoss/d(W_hh h_{t-1} + b_hh): a GRU's own (its n block differs), an LSTM's is grad_xp.
+  const at::Tensor& grad_hh = call.grad_hh.defined() ? call.grad_hh : call.grad_xp;
+  at::Tensor grad_w_hh = recurrent_weight_grad(grad_hh, call.y, call.h0);
+  at::Tensor grad_b_hh = as_rows(grad_hh).sum(0);
+  at::Tensor grad_w_hr;
+  if (problem.proj_size > 0) {
+    const int64_t H = problem.hidden;  // saved's blocks: i, f, g, o, c
+    const at::Tensor m = call.saved.narrow(2, 3 * H, H) * call.saved.narrow(2, 4 * H, H).tanh();
+    grad_w_hr = as_rows(call.grad_h).t().mm(as_rows(m));
+  } else {
+    grad_w_hr = at::empty({0}, call.y.options());
+  }
+  return {call.grad_xp, call.grad_h0, call.grad_c0, grad_w_hh, grad_b_hh, grad_w_hr};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_lstm(
+    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths, bool save) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::lstm", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+              const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, bool)>();
+  return op.call(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+call_lstm_backward(const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
+                   const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0,
+                   const at::Tensor& c0, const at::Tensor& y, const at::Tensor& saved,
+                   const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                   const std::optional<at::Tensor>& lengths) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::lstm_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
+  return op.call(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gru(const at::Tensor& xp,
+                                                        const std::optional<at::Tensor>& b_hh,
+                                                        const at::Tensor& h0, const at::Tensor& w_hh,
+                                                        const std::optional<at::Tensor>& lengths,
+                                                        bool save) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::gru", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+              const at::Tensor&, const std::optional<at::Tensor>&, bool)>();
+  return op.call(xp, b_hh, h0, w_hh, lengths, save);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_gru_backward(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::gru_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+              const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&)>();
+  return op.call(grad_y, grad_h_n, h0, y, saved, w_hh, lengths);
+}
+
+namespace {
+
+std::optional<at::Tensor> to_float(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(t->to(at::kFloat)) : std::nullopt;
+}
+at::Tensor to_float(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
+at::Tensor to_type(const at::Tensor& t, at::ScalarType type) { return t.defined() ? t.to(type) : t; }
+
+// prnn::lstm and prnn::gru on the CPU (a GRU's c0 undefined, its w_hr nullopt):
+// (y, h_n, c_n, saved), c_n undefined for a GRU. float16 and bfloat16 are
+// computed in float32, as forward_cpu does.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cpu(
+    const char* op, prnn_cell_t cell, const at::Tensor& xp, const std::optional<at::Tensor>& b_hh,
+    const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths, bool save) {
+  const prnn_problem_t problem = check_gated_forward(op, cell, xp, b_hh, h0, c0, w_hh, w_hr, lengths);
+  if (is_reduced_precision(xp)) {
+    const auto [y, h_n, c_n, saved] =
+        gated_forward_cpu(op, cell, to_float(xp), to_float(b_hh), to_float(h0), to_float(c0),
+                          to_float(w_hh), to_float(w_hr), lengths, save);
+    const at::ScalarType type = xp.scalar_type();
+    return {y.to(type), h_n.to(type), to_type(c_n, type), saved.to(type)};
+  }
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const GatedForwardCall call =
+      gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr, host_lengths32, save);
+  if (!is_empty(problem)) {
+    prnn_plan_t plan;
+    check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_FORWARD, &plan));
+    at::Tensor ws = workspace(plan, xp);
+    check_status(op, prnn_gated_forward_cpu(&problem, &call.args, workspace_ptr(ws),
+                                            plan.workspace_bytes));
+  }
+  return {call.y, call.h_n, call.c_n, call.saved};
+}
+
+// prnn::lstm_backward and prnn::gru_backward on the CPU, likewise.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_backward_cpu(
+    const char* op, prnn_cell_t cell, const at::Tensor& grad_y,
+    const std::optional<at::Tensor>& grad_h_n, const std::optional<at::Tensor>& grad_c_n,
+    const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& y, const at::Tensor& saved,
+    const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths) {
+  const prnn_problem_t problem = check_gated_backward(op, cell, grad_y, grad_h_n, grad_c_n, h0, c0,
+                                                      y, saved, w_hh, w_hr, lengths);
+  if (is_reduced_precision(y)) {
+    const auto [grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr] = gated_backward_cpu(
+        op, cell, to_float(grad_y), to_float(grad_h_n), to_float(grad_c_n), to_float(h0),
+        to_float(c0), to_float(y), to_float(saved), to_float(w_hh), to_float(w_hr), lengths);
+    const at::ScalarType type = y.scalar_type();
+    return {grad_xp.to(type),   grad_h0.to(type),   to_type(grad_c0, type),
+            grad_w_hh.to(type), grad_b_hh.to(type), grad_w_hr.to(type)};
+  }
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
+                                                     saved, w_hh, w_hr, host_lengths32);
+  if (!is_empty(problem)) {
+    prnn_plan_t plan;
+    check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_BACKWARD_DATA, &plan));
+    at::Tensor ws = workspace(plan, y);
+    check_status(op, prnn_gated_backward_data_cpu(&problem, &call.args, workspace_ptr(ws),
+                                                  plan.workspace_bytes));
+  }
+  return finish_gated_backward(problem, call);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_cpu(
+    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths, bool save) {
+  return gated_forward_cpu("prnn::lstm", PRNN_CELL_LSTM, xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_backward_cpu(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths) {
+  return gated_backward_cpu("prnn::lstm_backward", PRNN_CELL_LSTM, grad_y, grad_h_n, grad_c_n, h0,
+                            c0, y, saved, w_hh, w_hr, lengths);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_cpu(const at::Tensor& xp,
+                                                       const std::optional<at::Tensor>& b_hh,
+                                                       const at::Tensor& h0, const at::Tensor& w_hh,
+                                                       const std::optional<at::Tensor>& lengths,
+                                                       bool save) {
+  const auto [y, h_n, c_n, saved] = gated_forward_cpu("prnn::gru", PRNN_CELL_GRU, xp, b_hh, h0,
+                                                      at::Tensor(), w_hh, std::nullopt, lengths, save);
+  return {y, h_n, saved};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_backward_cpu(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths) {
+  const auto [grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr] =
+      gated_backward_cpu("prnn::gru_backward", PRNN_CELL_GRU, grad_y, grad_h_n, std::nullopt, h0,
+                         at::Tensor(), y, saved, w_hh, std::nullopt, lengths);
+  return {grad_xp, grad_h0, grad_w_hh, grad_b_hh};
+}
+
+}  // namespace
 
 }  // namespace torch_prnn
 
@@ -404,16 +845,40 @@ TORCH_LIBRARY(prnn, m) {
   m.def(
       "layer(Tensor x, Tensor w_ih, Tensor? b_ih, Tensor? b_hh, Tensor h0, Tensor w_hh, "
       "Tensor? lengths, str nonlinearity) -> Tensor");
+  // The gated cells (torch.nn.LSTM's and torch.nn.GRU's), one layer and
+  // direction: xp = x W_ih^T + b_ih [T,B,G*H] is the caller's GEMM, b_hh is
+  // added inside (a GRU's b_hn sits inside r * (...)). `saved` is what the
+  // backward op takes ([T,B,SAVED*H] with save=True, else a [0] tensor); the
+  // autograd kernel asks for it itself when it records a graph.
+  m.def(
+      "lstm(Tensor xp, Tensor? b_hh, Tensor h0, Tensor c0, Tensor w_hh, Tensor? w_hr, "
+      "Tensor? lengths, bool save=False) -> (Tensor y, Tensor h_n, Tensor c_n, Tensor saved)");
+  m.def(
+      "lstm_backward(Tensor grad_y, Tensor? grad_h_n, Tensor? grad_c_n, Tensor h0, Tensor c0, "
+      "Tensor y, Tensor saved, Tensor w_hh, Tensor? w_hr, Tensor? lengths) -> (Tensor grad_xp, "
+      "Tensor grad_h0, Tensor grad_c0, Tensor grad_w_hh, Tensor grad_b_hh, Tensor grad_w_hr)");
+  m.def(
+      "gru(Tensor xp, Tensor? b_hh, Tensor h0, Tensor w_hh, Tensor? lengths, bool save=False) "
+      "-> (Tensor y, Tensor h_n, Tensor saved)");
+  m.def(
+      "gru_backward(Tensor grad_y, Tensor? grad_h_n, Tensor h0, Tensor y, Tensor saved, "
+      "Tensor w_hh, Tensor? lengths) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh, "
+      "Tensor grad_b_hh)");
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
-      "str nonlinearity, bool backward, bool has_lengths, int input=0) -> int[]",
+      "str nonlinearity, bool backward, bool has_lengths, int input=0, str cell=\"rnn\", "
+      "int proj_size=0) -> int[]",
       &torch_prnn::plan);
 }
 
 TORCH_LIBRARY_IMPL(prnn, CPU, m) {
   m.impl("forward", &torch_prnn::forward_cpu);
   m.impl("backward", &torch_prnn::backward_cpu);
+  m.impl("lstm", &torch_prnn::lstm_cpu);
+  m.impl("lstm_backward", &torch_prnn::lstm_backward_cpu);
+  m.impl("gru", &torch_prnn::gru_cpu);
+  m.impl("gru_backward", &torch_prnn::gru_backward_cpu);
 }
 
 // The layer's GEMM and the recurrence's own dispatch cover every device (CUDA

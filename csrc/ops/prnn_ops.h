@@ -71,6 +71,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
                                                                const at::Tensor& h0,
                                                                const at::Tensor& w_hh);
 
+// The weight gradient of a recurrence, one GEMM after its backward pass:
+// sum_t delta_t^T s_{t-1} over states s_{-1} = h0, s_t = y_t; delta [T,B,N],
+// y [T,B,S], h0 [B,S] -> [N,S] (zeros when T = 0).
+at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0);
+
 // prnn::forward and prnn::backward through the dispatcher (below whatever
 // dispatch key the caller has excluded).
 at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
@@ -78,6 +83,87 @@ at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Te
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+
+// ---- The gated cells: prnn::lstm, prnn::gru and their backward ops ----
+// LSTM's arguments as prnn::lstm takes them; a GRU has no c0 (undefined) and
+// no w_hr (nullopt). lengths are checked by host_lengths.
+
+// Checks xp [T,B,G*H], b_hh [G*H], h0 [B,S], c0 [B,H], w_hh [G*H,S],
+// w_hr [S,H] (ranks, sizes, dtypes, devices) and returns the problem.
+prnn_problem_t check_gated_forward(const char* op, prnn_cell_t cell, const at::Tensor& xp,
+                                   const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                                   const at::Tensor& c0, const at::Tensor& w_hh,
+                                   const std::optional<at::Tensor>& w_hr,
+                                   const std::optional<at::Tensor>& lengths);
+// Checks grad_y [T,B,S], grad_h_n [B,S], grad_c_n [B,H], h0, c0, y [T,B,S],
+// saved [T,B,SAVED*H], w_hh, w_hr (sizes from w_hh, w_hr and y).
+prnn_problem_t check_gated_backward(const char* op, prnn_cell_t cell, const at::Tensor& grad_y,
+                                    const std::optional<at::Tensor>& grad_h_n,
+                                    const std::optional<at::Tensor>& grad_c_n,
+                                    const at::Tensor& h0, const at::Tensor& c0,
+                                    const at::Tensor& y, const at::Tensor& saved,
+                                    const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                                    const std::optional<at::Tensor>& lengths);
+
+// A gated forward's outputs, allocated on xp's device (for a zero-size
+// problem already their values: h_n = h0, c_n = c0), and the C API's
+// arguments for them. The inputs are kept with a unit-stride last dimension;
+// `lengths32` is int32 where the pass reads it (undefined when absent).
+struct GatedForwardCall {
+  at::Tensor y, h_n, c_n, saved;  // c_n undefined for a GRU; saved [0] unless save
+  at::Tensor xp, b_hh, h0, c0, w_hh, w_hr, lengths32;
+  prnn_gated_forward_args_t args;
+};
+GatedForwardCall gated_forward_call(const prnn_problem_t& problem, const at::Tensor& xp,
+                                    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                                    const at::Tensor& c0, const at::Tensor& w_hh,
+                                    const std::optional<at::Tensor>& w_hr,
+                                    const at::Tensor& lengths32, bool save);
+
+// A gated backward's pass outputs (grad_hh for a GRU, grad_h with a
+// projection; for a zero-size problem grad_h0 = grad_h_n, grad_c0 = grad_c_n
+// or zeros) and the C API's arguments, as GatedForwardCall.
+struct GatedBackwardCall {
+  at::Tensor grad_xp, grad_hh, grad_h, grad_h0, grad_c0;
+  at::Tensor grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths32;
+  prnn_gated_backward_args_t args;
+};
+GatedBackwardCall gated_backward_call(const prnn_problem_t& problem, const at::Tensor& grad_y,
+                                      const std::optional<at::Tensor>& grad_h_n,
+                                      const std::optional<at::Tensor>& grad_c_n,
+                                      const at::Tensor& h0, const at::Tensor& c0,
+                                      const at::Tensor& y, const at::Tensor& saved,
+                                      const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                                      const at::Tensor& lengths32);
+
+// The rest of a gated backward after the pass, on any device: (grad_xp,
+// grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr), with
+//   grad_w_hh = sum_t grad_hh_t^T s_{t-1} (s_{-1} = h0, s_t = y_t),  grad_b_hh = sum grad_hh,
+//   grad_w_hr = sum_t grad_h_t^T m_t (m_t = o tanh(c_t), from saved), [0] without w_hr.
+// grad_hh is grad_xp for an LSTM. grad_c0 is undefined for a GRU.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call);
+
+// The gated ops through the dispatcher (below whatever key the caller excluded).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_lstm(
+    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths, bool save);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+call_lstm_backward(const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
+                   const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0,
+                   const at::Tensor& c0, const at::Tensor& y, const at::Tensor& saved,
+                   const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                   const std::optional<at::Tensor>& lengths);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gru(const at::Tensor& xp,
+                                                        const std::optional<at::Tensor>& b_hh,
+                                                        const at::Tensor& h0, const at::Tensor& w_hh,
+                                                        const std::optional<at::Tensor>& lengths,
+                                                        bool save);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_gru_backward(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths);
 
 // prnn::layer's input projection, checked: xp = x w_ih^T + b_ih + b_hh,
 // [T,B,H] from x [T,B,I], in one GEMM.

@@ -1,5 +1,5 @@
-// prnn_ops_cuda.cpp - the CUDA impls of prnn::forward and prnn::backward
-// (built only with CUDA). Like the CPU impls, but under a device guard, on
+// prnn_ops_cuda.cpp - the CUDA impls of the prnn:: ops (built only with
+// CUDA). Like the CPU impls, but under a device guard, on
 // PyTorch's current stream, with lengths copied to the device.
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -106,6 +106,85 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   return finish_backward(grad_xp, y, h0, w_hh);
 }
 
+// prnn::lstm and prnn::gru on CUDA, as gated_forward_cpu: (y, h_n, c_n, saved).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cuda(
+    const char* op, prnn_cell_t cell, const at::Tensor& xp, const std::optional<at::Tensor>& b_hh,
+    const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths, bool save) {
+  const prnn_problem_t problem = check_gated_forward(op, cell, xp, b_hh, h0, c0, w_hh, w_hr, lengths);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const c10::cuda::CUDAGuard guard(xp.device());
+  const GatedForwardCall call = gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr,
+                                                   on_device(host_lengths32, xp), save);
+  if (!is_empty(problem)) {
+    prnn_plan_t plan;
+    check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
+    at::Tensor ws = workspace(plan, xp);
+    check_status(op, prnn_gated_forward_cuda(&problem, &call.args, workspace_ptr(ws),
+                                             plan.workspace_bytes, current_stream()));
+  }
+  return {call.y, call.h_n, call.c_n, call.saved};
+}
+
+// prnn::lstm_backward and prnn::gru_backward on CUDA, as gated_backward_cpu.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_backward_cuda(
+    const char* op, prnn_cell_t cell, const at::Tensor& grad_y,
+    const std::optional<at::Tensor>& grad_h_n, const std::optional<at::Tensor>& grad_c_n,
+    const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& y, const at::Tensor& saved,
+    const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths) {
+  const prnn_problem_t problem = check_gated_backward(op, cell, grad_y, grad_h_n, grad_c_n, h0, c0,
+                                                      y, saved, w_hh, w_hr, lengths);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const c10::cuda::CUDAGuard guard(y.device());
+  const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
+                                                     saved, w_hh, w_hr, on_device(host_lengths32, y));
+  if (!is_empty(problem)) {
+    prnn_plan_t plan;
+    check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
+    at::Tensor ws = workspace(plan, y);
+    check_status(op, prnn_gated_backward_data_cuda(&problem, &call.args, workspace_ptr(ws),
+                                                   plan.workspace_bytes, current_stream()));
+  }
+  return finish_gated_backward(problem, call);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_cuda(
+    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths, bool save) {
+  return gated_forward_cuda("prnn::lstm", PRNN_CELL_LSTM, xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_backward_cuda(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths) {
+  return gated_backward_cuda("prnn::lstm_backward", PRNN_CELL_LSTM, grad_y, grad_h_n, grad_c_n, h0,
+                             c0, y, saved, w_hh, w_hr, lengths);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_cuda(const at::Tensor& xp,
+                                                        const std::optional<at::Tensor>& b_hh,
+                                                        const at::Tensor& h0, const at::Tensor& w_hh,
+                                                        const std::optional<at::Tensor>& lengths,
+                                                        bool save) {
+  const auto [y, h_n, c_n, saved] = gated_forward_cuda("prnn::gru", PRNN_CELL_GRU, xp, b_hh, h0,
+                                                       at::Tensor(), w_hh, std::nullopt, lengths, save);
+  return {y, h_n, saved};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_backward_cuda(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths) {
+  const auto [grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr] =
+      gated_backward_cuda("prnn::gru_backward", PRNN_CELL_GRU, grad_y, grad_h_n, std::nullopt, h0,
+                          at::Tensor(), y, saved, w_hh, std::nullopt, lengths);
+  return {grad_xp, grad_h0, grad_w_hh, grad_b_hh};
+}
+
 }  // namespace
 
 prnn_status_t plan_cuda(const prnn_problem_t& problem, prnn_pass_t pass, c10::Device device,
@@ -126,4 +205,8 @@ TORCH_LIBRARY_IMPL(prnn, CUDA, m) {
   m.impl("forward", &torch_prnn::forward_cuda);
   m.impl("backward", &torch_prnn::backward_cuda);
   m.impl("layer", &torch_prnn::layer_cuda);
+  m.impl("lstm", &torch_prnn::lstm_cuda);
+  m.impl("lstm_backward", &torch_prnn::lstm_backward_cuda);
+  m.impl("gru", &torch_prnn::gru_cuda);
+  m.impl("gru_backward", &torch_prnn::gru_backward_cuda);
 }
