@@ -372,6 +372,8 @@ class CellTests:
         expected = f"from_{self.theirs.__name__.lower()} expects a torch.nn.{self.theirs.__name__}, got {other.__name__}"
         with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
             convert(other(3, 5))
+        with pytest.raises(TypeError, match=f"expects a torch.nn.{self.theirs.__name__}, got Linear$"):
+            convert(torch.nn.Linear(3, 5))
 
     @pytest.mark.parametrize(
         "args,kwargs",

@@ -131,9 +131,10 @@ class PersistentRNNBase(nn.Module):
             nn.init.uniform_(weight, -stdv, stdv)
 
     @classmethod
-    def _converted(cls, module: nn.Module, nn_class: type, method: str, **cell_kwargs):
-        """A module of `cls` with `module`'s configuration, a copy of its
-        weights (same device and dtype), and its training mode."""
+    def _converted(cls, module: nn.Module, nn_class: type, method: str, *cell_options: str):
+        """A module of `cls` with `module`'s configuration (with the cell's
+        own options, such as proj_size, by name), a copy of its weights (same
+        device and dtype), and its training mode."""
         if not isinstance(module, nn_class):
             raise TypeError(
                 f"{method} expects a torch.nn.{nn_class.__name__}, got {type(module).__name__}"
@@ -149,7 +150,7 @@ class PersistentRNNBase(nn.Module):
             bidirectional=module.bidirectional,
             device=weight.device,
             dtype=weight.dtype,
-            **cell_kwargs,
+            **{option: getattr(module, option) for option in cell_options},
         )
         converted.load_state_dict(module.state_dict())
         return converted.train(module.training)

@@ -46,7 +46,7 @@ class PersistentLSTM(PersistentRNNBase):
     def from_lstm(cls, lstm: nn.LSTM) -> "PersistentLSTM":
         """A PersistentLSTM with ``lstm``'s configuration, a copy of its
         weights (same device and dtype), and its training mode."""
-        return cls._converted(lstm, nn.LSTM, "from_lstm", proj_size=lstm.proj_size)
+        return cls._converted(lstm, nn.LSTM, "from_lstm", "proj_size")
 
     def _unpack_hx(self, hx):
         if len(hx) != 2:
