@@ -429,7 +429,7 @@ at::Tensor unit_last_stride_or_none(const std::optional<at::Tensor>& t) {
 const char* gate_rows_name(prnn_cell_t cell) { return cell == PRNN_CELL_LSTM ? "4*hidden" : "3*hidden"; }
 const char* state_name(bool projection) { return projection ? "proj_size" : "hidden"; }
 
-// A 2-D [rows, cols] or 3-D [steps, batch, cols] shape's words for check_rank.
+// A shape in words for check_rank: dims({"batch", "hidden"}) is "[batch, hidden]".
 std::string dims(std::initializer_list<const char*> names) {
   std::string out = "[";
   for (const char* name : names) out += (out.size() > 1 ? ", " : "") + std::string(name);
@@ -793,42 +793,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return finish_gated_backward(problem, call);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_cpu(
-    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
-    const std::optional<at::Tensor>& lengths, bool save) {
-  return gated_forward_cpu("prnn::lstm", PRNN_CELL_LSTM, xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_backward_cpu(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
-    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0, const at::Tensor& c0,
-    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths) {
-  return gated_backward_cpu("prnn::lstm_backward", PRNN_CELL_LSTM, grad_y, grad_h_n, grad_c_n, h0,
-                            c0, y, saved, w_hh, w_hr, lengths);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_cpu(const at::Tensor& xp,
-                                                       const std::optional<at::Tensor>& b_hh,
-                                                       const at::Tensor& h0, const at::Tensor& w_hh,
-                                                       const std::optional<at::Tensor>& lengths,
-                                                       bool save) {
-  const auto [y, h_n, c_n, saved] = gated_forward_cpu("prnn::gru", PRNN_CELL_GRU, xp, b_hh, h0,
-                                                      at::Tensor(), w_hh, std::nullopt, lengths, save);
-  return {y, h_n, saved};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_backward_cpu(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
-    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths) {
-  const auto [grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr] =
-      gated_backward_cpu("prnn::gru_backward", PRNN_CELL_GRU, grad_y, grad_h_n, std::nullopt, h0,
-                         at::Tensor(), y, saved, w_hh, std::nullopt, lengths);
-  return {grad_xp, grad_h0, grad_w_hh, grad_b_hh};
-}
-
 }  // namespace
 
 }  // namespace torch_prnn
@@ -875,10 +839,10 @@ TORCH_LIBRARY(prnn, m) {
 TORCH_LIBRARY_IMPL(prnn, CPU, m) {
   m.impl("forward", &torch_prnn::forward_cpu);
   m.impl("backward", &torch_prnn::backward_cpu);
-  m.impl("lstm", &torch_prnn::lstm_cpu);
-  m.impl("lstm_backward", &torch_prnn::lstm_backward_cpu);
-  m.impl("gru", &torch_prnn::gru_cpu);
-  m.impl("gru_backward", &torch_prnn::gru_backward_cpu);
+  m.impl("lstm", &torch_prnn::lstm_kernel<torch_prnn::gated_forward_cpu>);
+  m.impl("lstm_backward", &torch_prnn::lstm_backward_kernel<torch_prnn::gated_backward_cpu>);
+  m.impl("gru", &torch_prnn::gru_kernel<torch_prnn::gated_forward_cpu>);
+  m.impl("gru_backward", &torch_prnn::gru_backward_kernel<torch_prnn::gated_backward_cpu>);
 }
 
 // The layer's GEMM and the recurrence's own dispatch cover every device (CUDA

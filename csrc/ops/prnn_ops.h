@@ -144,6 +144,64 @@ GatedBackwardCall gated_backward_call(const prnn_problem_t& problem, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call);
 
+// A device's gated passes (gated_forward_cpu and its like): the op's name, the
+// cell, and LSTM's arguments (a GRU's c0 undefined, its w_hr nullopt) ->
+// (y, h_n, c_n, saved) or the six gradients (c_n, grad_c0 undefined for a GRU).
+using GatedForwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
+    const char* op, prnn_cell_t cell, const at::Tensor& xp, const std::optional<at::Tensor>& b_hh,
+    const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths, bool save);
+using GatedBackwardFn =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
+        const char* op, prnn_cell_t cell, const at::Tensor& grad_y,
+        const std::optional<at::Tensor>& grad_h_n, const std::optional<at::Tensor>& grad_c_n,
+        const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& y, const at::Tensor& saved,
+        const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+        const std::optional<at::Tensor>& lengths);
+
+// The four ops' kernels on a device, from its gated passes.
+template <GatedForwardFn forward>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_kernel(
+    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+    const std::optional<at::Tensor>& lengths, bool save) {
+  return forward("prnn::lstm", PRNN_CELL_LSTM, xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
+}
+
+template <GatedBackwardFn backward>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+lstm_backward_kernel(const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
+                     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0,
+                     const at::Tensor& c0, const at::Tensor& y, const at::Tensor& saved,
+                     const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
+                     const std::optional<at::Tensor>& lengths) {
+  return backward("prnn::lstm_backward", PRNN_CELL_LSTM, grad_y, grad_h_n, grad_c_n, h0, c0, y,
+                  saved, w_hh, w_hr, lengths);
+}
+
+template <GatedForwardFn forward>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_kernel(const at::Tensor& xp,
+                                                          const std::optional<at::Tensor>& b_hh,
+                                                          const at::Tensor& h0,
+                                                          const at::Tensor& w_hh,
+                                                          const std::optional<at::Tensor>& lengths,
+                                                          bool save) {
+  auto [y, h_n, c_n, saved] = forward("prnn::gru", PRNN_CELL_GRU, xp, b_hh, h0, at::Tensor(), w_hh,
+                                      std::nullopt, lengths, save);
+  return {y, h_n, saved};
+}
+
+template <GatedBackwardFn backward>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_backward_kernel(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
+    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths) {
+  auto [grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr] =
+      backward("prnn::gru_backward", PRNN_CELL_GRU, grad_y, grad_h_n, std::nullopt, h0,
+               at::Tensor(), y, saved, w_hh, std::nullopt, lengths);
+  return {grad_xp, grad_h0, grad_w_hh, grad_b_hh};
+}
+
 // The gated ops through the dispatcher (below whatever key the caller excluded).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_lstm(
     const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,

@@ -149,42 +149,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return finish_gated_backward(problem, call);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_cuda(
-    const at::Tensor& xp, const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-    const at::Tensor& c0, const at::Tensor& w_hh, const std::optional<at::Tensor>& w_hr,
-    const std::optional<at::Tensor>& lengths, bool save) {
-  return gated_forward_cuda("prnn::lstm", PRNN_CELL_LSTM, xp, b_hh, h0, c0, w_hh, w_hr, lengths, save);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_backward_cuda(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n,
-    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& h0, const at::Tensor& c0,
-    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths) {
-  return gated_backward_cuda("prnn::lstm_backward", PRNN_CELL_LSTM, grad_y, grad_h_n, grad_c_n, h0,
-                             c0, y, saved, w_hh, w_hr, lengths);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_cuda(const at::Tensor& xp,
-                                                        const std::optional<at::Tensor>& b_hh,
-                                                        const at::Tensor& h0, const at::Tensor& w_hh,
-                                                        const std::optional<at::Tensor>& lengths,
-                                                        bool save) {
-  const auto [y, h_n, c_n, saved] = gated_forward_cuda("prnn::gru", PRNN_CELL_GRU, xp, b_hh, h0,
-                                                       at::Tensor(), w_hh, std::nullopt, lengths, save);
-  return {y, h_n, saved};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_backward_cuda(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
-    const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths) {
-  const auto [grad_xp, grad_h0, grad_c0, grad_w_hh, grad_b_hh, grad_w_hr] =
-      gated_backward_cuda("prnn::gru_backward", PRNN_CELL_GRU, grad_y, grad_h_n, std::nullopt, h0,
-                          at::Tensor(), y, saved, w_hh, std::nullopt, lengths);
-  return {grad_xp, grad_h0, grad_w_hh, grad_b_hh};
-}
-
 }  // namespace
 
 prnn_status_t plan_cuda(const prnn_problem_t& problem, prnn_pass_t pass, c10::Device device,
@@ -205,8 +169,8 @@ TORCH_LIBRARY_IMPL(prnn, CUDA, m) {
   m.impl("forward", &torch_prnn::forward_cuda);
   m.impl("backward", &torch_prnn::backward_cuda);
   m.impl("layer", &torch_prnn::layer_cuda);
-  m.impl("lstm", &torch_prnn::lstm_cuda);
-  m.impl("lstm_backward", &torch_prnn::lstm_backward_cuda);
-  m.impl("gru", &torch_prnn::gru_cuda);
-  m.impl("gru_backward", &torch_prnn::gru_backward_cuda);
+  m.impl("lstm", &torch_prnn::lstm_kernel<torch_prnn::gated_forward_cuda>);
+  m.impl("lstm_backward", &torch_prnn::lstm_backward_kernel<torch_prnn::gated_backward_cuda>);
+  m.impl("gru", &torch_prnn::gru_kernel<torch_prnn::gated_forward_cuda>);
+  m.impl("gru_backward", &torch_prnn::gru_backward_kernel<torch_prnn::gated_backward_cuda>);
 }
