@@ -1,7 +1,9 @@
-"""torch_prnn: persistent-kernel Elman RNNs for PyTorch.
+"""torch_prnn: persistent-kernel recurrent layers (Elman RNN, LSTM, GRU) for PyTorch.
 
 ``import torch_prnn`` registers the ``torch.ops.prnn`` ops; swap
-``torch.nn.RNN`` for :class:`torch_prnn.PersistentRNN`.
+``torch.nn.RNN``, ``torch.nn.LSTM`` and ``torch.nn.GRU`` for
+:class:`torch_prnn.PersistentRNN`, :class:`torch_prnn.PersistentLSTM` and
+:class:`torch_prnn.PersistentGRU`.
 """
 
 import torch  # noqa: F401  (loads libtorch, which _C links against)
@@ -11,8 +13,10 @@ from . import _build_check
 _build_check.check()  # before _C: under another torch it would fail on an undefined symbol, or crash
 
 from . import _C, ops  # noqa: E402, F401  (registers the ops, their fake kernels and autograd)
+from .gru import PersistentGRU  # noqa: E402
+from .lstm import PersistentLSTM  # noqa: E402
 from .ops import plan  # noqa: E402
 from .rnn import PersistentRNN  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["PersistentRNN", "plan", "__version__"]
+__all__ = ["PersistentRNN", "PersistentLSTM", "PersistentGRU", "plan", "__version__"]

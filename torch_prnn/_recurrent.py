@@ -1,0 +1,395 @@
+"""PersistentRNNBase: what torch_prnn's recurrent modules share, as
+torch.nn.RNNBase is for nn.RNN, nn.LSTM and nn.GRU: the constructor's checks,
+the parameters and their initialisation, the nn attributes, and the input
+handling of ``forward`` (packed, unbatched and batch-first input, hx checks,
+layers, directions, dropout). A cell provides its ops in ``_recurrence``
+(or a whole layer in ``_layer``) and, when it has more than one state, how
+hx holds them."""
+
+import math
+import numbers
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+# Rows of W_ih and W_hh per hidden unit, by nn.RNNBase's mode.
+_GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+
+
+class PersistentRNNBase(nn.Module):
+    """Parameters, interface and input handling of torch.nn.RNNBase; the
+    recurrence of each layer and direction is the subclass's ``_recurrence``:
+    ``(xp [T,B,G*H], states [each B x size], w_hh, b_hh, w_hr, lengths) ->
+    (y [T,B,S], *final states)``."""
+
+    # nn's message for input that is neither 2-D nor 3-D: nn.RNN's words; LSTM
+    # and GRU override it with nn.LSTM's and nn.GRU's (no "tensor").
+    _input_dim_error = "RNN: Expected input to be 2D or 3D, got {}D tensor instead"
+
+    def __init__(
+        self,
+        mode: str,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        # nn.RNNBase's checks, in its order and with its messages.
+        if (
+            not isinstance(dropout, numbers.Number)
+            or not 0 <= dropout <= 1
+            or isinstance(dropout, bool)
+        ):
+            raise ValueError(
+                "dropout should be a number in range [0, 1] representing the "
+                "probability of an element being zeroed"
+            )
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                "dropout option adds dropout after all but last recurrent layer, so "
+                "non-zero dropout expects num_layers greater than 1, but got "
+                f"dropout={dropout} and num_layers={num_layers}",
+                stacklevel=3,  # the caller of the cell's __init__
+            )
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias should be of type bool, got: {type(bias).__name__}")
+        if not isinstance(batch_first, bool):
+            raise TypeError(
+                f"batch_first should be of type bool, got: {type(batch_first).__name__}"
+            )
+        if not isinstance(input_size, int):
+            raise TypeError(f"input_size should be of type int, got: {type(input_size).__name__}")
+        if input_size <= 0:
+            raise ValueError("input_size must be greater than zero")
+        if not isinstance(hidden_size, int):
+            raise TypeError(
+                f"hidden_size should be of type int, got: {type(hidden_size).__name__}"
+            )
+        if hidden_size <= 0:
+            raise ValueError("hidden_size must be greater than zero")
+        if num_layers <= 0:
+            raise ValueError("num_layers must be greater than zero")
+        if proj_size < 0:
+            raise ValueError("proj_size should be a positive integer or zero to disable projections")
+        if proj_size >= hidden_size:
+            raise ValueError("proj_size has to be smaller than hidden_size")
+
+        self.mode = mode
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+        self.proj_size = proj_size
+        # The feature size of each state in hx: h only, unless a cell has more (LSTM's c).
+        self._state_sizes = (proj_size or hidden_size,)
+
+        factory_kwargs = {"device": device, "dtype": dtype}
+        gate_size = _GATES[mode] * hidden_size
+        output_size = proj_size or hidden_size
+        num_directions = 2 if bidirectional else 1
+        self._all_weights: list[list[str]] = []  # parameter names per (layer, direction)
+        self._flat_weights_names: list[str] = []
+        for layer in range(num_layers):
+            for direction in range(num_directions):
+                layer_input_size = input_size if layer == 0 else output_size * num_directions
+                shapes = {
+                    "weight_ih": (gate_size, layer_input_size),
+                    "weight_hh": (gate_size, output_size),
+                }
+                if bias:
+                    shapes.update(bias_ih=(gate_size,), bias_hh=(gate_size,))
+                if proj_size:
+                    shapes.update(weight_hr=(proj_size, hidden_size))
+                suffix = "_reverse" if direction == 1 else ""
+                names = []
+                for kind, shape in shapes.items():
+                    name = f"{kind}_l{layer}{suffix}"
+                    setattr(self, name, nn.Parameter(torch.empty(shape, **factory_kwargs)))
+                    names.append(name)
+                self._all_weights.append(names)
+                self._flat_weights_names.extend(names)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn's init, parameter by parameter in the same order: the same seed
+        # gives the same weights as the nn module.
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -stdv, stdv)
+
+    @classmethod
+    def _converted(cls, module: nn.Module, nn_class: type, method: str, *cell_options: str):
+        """A module of `cls` with `module`'s configuration (with the cell's
+        own options, such as proj_size, by name), a copy of its weights (same
+        device and dtype), and its training mode."""
+        if not isinstance(module, nn_class):
+            raise TypeError(
+                f"{method} expects a torch.nn.{nn_class.__name__}, got {type(module).__name__}"
+            )
+        weight = module.weight_ih_l0
+        converted = cls(
+            module.input_size,
+            module.hidden_size,
+            num_layers=module.num_layers,
+            bias=module.bias,
+            batch_first=module.batch_first,
+            dropout=module.dropout,
+            bidirectional=module.bidirectional,
+            device=weight.device,
+            dtype=weight.dtype,
+            **{option: getattr(module, option) for option in cell_options},
+        )
+        converted.load_state_dict(module.state_dict())
+        return converted.train(module.training)
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        return [self._weights(index) for index in range(len(self._all_weights))]
+
+    @property
+    def _flat_weights(self) -> list[Tensor]:
+        # nn keeps a list in step with the parameters; computed here, it is
+        # always current (also under parametrizations and functional_call).
+        return [getattr(self, name) for name in self._flat_weights_names]
+
+    def flatten_parameters(self) -> None:
+        """No-op: the kernels take each layer's weights where they are."""
+
+    def extra_repr(self) -> str:
+        s = "{input_size}, {hidden_size}"
+        if self.proj_size != 0:
+            s += ", proj_size={proj_size}"
+        if self.num_layers != 1:
+            s += ", num_layers={num_layers}"
+        if self.bias is not True:
+            s += ", bias={bias}"
+        if self.batch_first is not False:
+            s += ", batch_first={batch_first}"
+        if self.dropout != 0:
+            s += ", dropout={dropout}"
+        if self.bidirectional is not False:
+            s += ", bidirectional={bidirectional}"
+        return s.format(**self.__dict__)
+
+    # ---- hx as the caller passes it, and the states inside
+
+    def _unpack_hx(self, hx) -> list[Tensor]:
+        """hx -> its states, each [layers * directions, batch, size]."""
+        return [hx]
+
+    def _pack_hx(self, states: list[Tensor]):
+        """The final states -> h_n as forward returns it."""
+        return states[0]
+
+    def forward(self, input, hx=None):
+        _refuse_func_autodiff(type(self).__name__)
+        states = None if hx is None else self._unpack_hx(hx)
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            self._check_input(data, expected_dim=2)
+            x, lengths, rows = _pad(data, batch_sizes)
+        else:
+            if input.dim() not in (2, 3):
+                raise ValueError(self._input_dim_error.format(input.dim()))
+            is_batched = input.dim() == 3
+            if states is not None and any(state.dim() != input.dim() for state in states):
+                raise RuntimeError(_state_dim_error(is_batched, states))
+            batch_dim = 0 if self.batch_first else 1
+            if not is_batched:
+                input = input.unsqueeze(batch_dim)
+                if states is not None:
+                    states = [state.unsqueeze(1) for state in states]
+            self._check_input(input, expected_dim=3)
+            x = input.transpose(0, 1) if self.batch_first else input  # steps x batch x features
+            lengths = None
+
+        steps, batch = x.shape[0], x.shape[1]
+        num_directions = 2 if self.bidirectional else 1
+        expected = [(self.num_layers * num_directions, batch, size) for size in self._state_sizes]
+        if states is None:
+            states = [x.new_zeros(shape) for shape in expected]
+        else:
+            # The shapes first: with a batch too small the permutation would
+            # index out of range (on CUDA a device-side assert, fatal to the
+            # context), with one too large it would silently drop rows.
+            _check_state_sizes(states, expected)
+            if packed and sorted_indices is not None:
+                # hx is in the caller's batch order; the padded batch is sorted.
+                states = [state.index_select(1, sorted_indices) for state in states]
+        if steps == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+
+        flip = None if lengths is None else _flip_index(lengths, steps, x.device)
+        finals = []  # the final states of each layer and direction
+        layer_input = x
+        for layer in range(self.num_layers):
+            if layer > 0 and self.dropout > 0 and self.training:
+                layer_input = F.dropout(layer_input, self.dropout, training=True)
+            outputs = []
+            for direction in range(num_directions):
+                index = layer * num_directions + direction
+                layer_states = [state[index] for state in states]
+                y, final = self._layer(layer_input, layer_states, index, direction == 1, lengths, flip)
+                outputs.append(y)
+                finals.append(final)
+            layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
+        output = layer_input
+        states = [torch.stack(state) for state in zip(*finals)]
+
+        if packed:
+            output = PackedSequence(
+                output.flatten(0, 1).index_select(0, rows),
+                batch_sizes,
+                sorted_indices,
+                unsorted_indices,
+            )
+            if unsorted_indices is not None:
+                states = [state.index_select(1, unsorted_indices) for state in states]
+        else:
+            if self.batch_first:
+                output = output.transpose(0, 1)
+            if not is_batched:
+                output = output.squeeze(batch_dim)
+                states = [state.squeeze(1) for state in states]
+        return output, self._pack_hx(states)
+
+    def _check_input(self, input: Tensor, expected_dim: int) -> None:
+        weight = self._parameters.get("weight_ih_l0")
+        if weight is None:  # replaced by weight_norm or a parametrization
+            weight = self.weight_ih_l0
+        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
+            raise ValueError(
+                f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
+                f"Convert input: input.to({weight.dtype}), or convert model: "
+                f"model.to({input.dtype})"
+            )
+        if input.dim() != expected_dim:
+            raise RuntimeError(f"input must have {expected_dim} dimensions, got {input.dim()}")
+        if self.input_size != input.size(-1):
+            raise RuntimeError(
+                "input.size(-1) must be equal to input_size. Expected "
+                f"{self.input_size}, got {input.size(-1)}"
+            )
+
+    def _weights(self, index: int) -> list[Tensor]:
+        """The parameters of one layer and direction, in nn's order:
+        w_ih, w_hh, then b_ih, b_hh with bias, then w_hr with proj_size."""
+        # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
+        # host time the GPU waits for); getattr where weight_norm or a
+        # parametrization replaced a parameter with a computed attribute.
+        params = self._parameters
+        return [
+            w if (w := params.get(name)) is not None else getattr(self, name)
+            for name in self._all_weights[index]
+        ]
+
+    def _layer(self, x, states, index, reverse, lengths, flip):
+        """One layer and direction: x [T,B,I] -> (y [T,B,S], its final states)."""
+        weights = self._weights(index)
+        w_ih, w_hh = weights[0], weights[1]
+        b_ih, b_hh = (weights[2], weights[3]) if self.bias else (None, None)
+        w_hr = weights[-1] if self.proj_size else None
+        # All steps' input projections in one GEMM; b_hh goes to the cell (GRU's
+        # b_hn is inside r * (...)). For the reverse direction the projection
+        # of x itself, then reversed: its autograd keeps x, which the forward
+        # direction keeps too, where projecting a reversed x would keep a copy.
+        xp = F.linear(x, w_ih, b_ih)
+        if reverse:
+            xp = _flip(xp, flip)
+        y, *final = self._recurrence(xp, states, w_hh, b_hh, w_hr, lengths)
+        return (_flip(y, flip) if reverse else y), final
+
+    def _recurrence(self, xp, states, w_hh, b_hh, w_hr, lengths):
+        raise NotImplementedError
+
+
+def _refuse_proj_size(cls_name: str, kwargs: dict) -> None:
+    """nn.RNN's and nn.GRU's answer to a proj_size argument, and Python's to
+    any other unexpected keyword (the cells take **kwargs to see it)."""
+    if "proj_size" in kwargs:
+        raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
+    if kwargs:
+        raise TypeError(f"{cls_name}.__init__() got an unexpected keyword argument '{next(iter(kwargs))}'")
+
+
+def _state_dim_error(batched: bool, states: list[Tensor]) -> str:
+    """nn's message for states of the wrong rank: hx alone, or LSTM's hx and cx."""
+    kind, rank = ("batched 3-D", 3) if batched else ("unbatched 2-D", 2)
+    if len(states) == 1:
+        return f"For {kind} input, hx should also be {rank}-D but got {states[0].dim()}-D tensor"
+    ranks = ", ".join(f"{state.dim()}-D" for state in states)
+    return f"For {kind} input, hx and cx should also be {rank}-D but got ({ranks}) tensors"
+
+
+def _check_state_sizes(states: list[Tensor], expected: list[tuple[int, int, int]]) -> None:
+    """nn's check of each state's shape: "hidden" alone, or LSTM's hidden[0] and hidden[1]."""
+    for i, (state, shape) in enumerate(zip(states, expected)):
+        if state.shape != shape:
+            what = "hidden" if len(states) == 1 else f"hidden[{i}]"
+            raise RuntimeError(f"Expected {what} size {shape}, got {list(state.shape)}")
+
+
+def _refuse_func_autodiff(module_name: str) -> None:
+    """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
+    jacfwd) do not see through the autograd of the prnn:: ops (C++
+    torch::autograd::Functions): they fail inside torch or at the ops'
+    forward-mode check. Refuse them up front with one clear error; vmap and
+    torch.autograd work."""
+    if torch.compiler.is_compiling():
+        return
+    stack = torch._C._functorch.get_interpreter_stack()
+    autodiff = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    if stack and any(interpreter.key() in autodiff for interpreter in stack):
+        raise RuntimeError(
+            f"{module_name} does not support torch.func's autodiff transforms (grad, vjp, "
+            "jacrev, hessian, jvp, jacfwd); use torch.autograd (loss.backward(), "
+            "torch.autograd.grad) instead. torch.vmap is supported."
+        )
+
+
+def _pad(data: Tensor, batch_sizes: Tensor):
+    """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
+    lengths [B] on the CPU, index of each packed row in the flattened padded
+    [T*B] rows). Packed rows are time-major, each step's sequences in batch
+    order, so they are the valid entries of the padded tensor in row-major order."""
+    # What pack_padded_sequence makes. Without this check a hand-built one with
+    # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
+    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
+        raise RuntimeError(
+            "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
+            f"data rows, got batch_sizes {batch_sizes.tolist()} for {data.shape[0]} rows"
+        )
+    steps, batch = batch_sizes.numel(), int(batch_sizes[0])
+    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
+    lengths = valid.sum(0)
+    rows = valid.flatten().nonzero().squeeze(1).to(data.device)
+    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
+    return padded.view(steps, batch, data.shape[-1]), lengths, rows
+
+
+def _flip_index(lengths: Tensor, steps: int, device) -> Tensor:
+    """The step index [T,B,1] that reverses each sequence within its length
+    (padding stays in place)."""
+    t = torch.arange(steps).unsqueeze(1)
+    return torch.where(t < lengths, lengths - 1 - t, t).unsqueeze(-1).to(device)
+
+
+def _flip(x: Tensor, flip: Tensor | None) -> Tensor:
+    """Reverses time, within each sequence's length when there are lengths."""
+    if flip is None:
+        return x.flip(0)
+    return x.gather(0, flip.expand(-1, -1, x.shape[2]))
