@@ -33,7 +33,7 @@ const int kThreads = 256;
 const int kVec = 4;             /* elements a lane reads at once in the persistent products */
 const int kKAlign = 32 * kVec;  /* a row's K extent in shared memory is padded to this */
 const int kSeqGroup = 4;        /* sequences a warp multiplies per pass over a row */
-const int kMaxBatchTile = 8;    /* sequences staged at once by the persistent family */
+const int kMaxBatchTile = 16;   /* sequences staged at once by the persistent family */
 const size_t kAlign = 256;
 
 __host__ __device__ inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -65,19 +65,41 @@ struct GatedParams {
   int units_per_cta;               /* U */
   int k_padded;                    /* K of the on-chip matrix, padded to kKAlign */
   int batch_tile;                  /* sequences staged at once */
-  float *xchg;                     /* 2 x batch x K exchanged values (K = S forward, G*H backward) */
+  float *xchg;                     /* 2 x batch x k_padded exchanged values (K = S forward, G*H backward) */
 };
 
 /* ---------------------------------------------------------------- units */
 
-/* Forward of hidden unit u of sequence b at step t from mat = W_hh h_{t-1}
- * of its gates. Writes its saved values (zero past the length) and returns
- * whether the step is active; then *out is the unit's output and *carry what
- * the cell carries (Cell::forward). */
+/* What the forward of hidden unit u of sequence b at step t reads from
+ * memory besides the gate sums, loaded ahead of them so that their latency
+ * overlaps the exchange: the input side xp and the bias b_hh of its gates. */
+template <class Cell, typename A>
+struct UnitInputs {
+  A xp[Cell::kGates];
+  A bias[Cell::kGates];
+};
+
 template <class Cell, typename E, typename A>
-__device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b, int u,
+__device__ __forceinline__ void load_unit_inputs(const GatedParams &p, int t, int b, int u,
+                                                 UnitInputs<Cell, A> *in) {
+  const int H = p.hidden;
+  const E *xp = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
+  const E *bias = static_cast<const E *>(p.b_hh);
+#pragma unroll
+  for (int g = 0; g < Cell::kGates; ++g) {
+    in->xp[g] = to_accum(xp[(size_t)g * H]);
+    in->bias[g] = bias != NULL ? A(to_accum(bias[g * H + u])) : A(0);
+  }
+}
+
+/* Forward of unit u of sequence b at step t from mat = W_hh h_{t-1} of its
+ * gates and its loaded inputs. Writes its saved values (zero past the
+ * length) and returns whether the step is active; then *out is the unit's
+ * output and *carry what the cell carries (Cell::forward). */
+template <class Cell, typename E, typename A>
+__device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b, int u, const UnitInputs<Cell, A> &in,
                                              const A (&mat)[Cell::kGates], A prev, A *out, A *carry) {
-  const int G = Cell::kGates, SV = Cell::kSaved, H = p.hidden;
+  const int SV = Cell::kSaved, H = p.hidden;
   E *saved = static_cast<E *>(p.saved);
   const size_t srow = ((size_t)t * p.batch + b) * SV * H + u;
   if (t >= sequence_length(p.lengths, b, p.steps)) {
@@ -85,42 +107,49 @@ __device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b,
       for (int k = 0; k < SV; ++k) saved[srow + (size_t)k * H] = Round<E>::to(A(0));
     return false;
   }
-  const E *xp = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
-  const E *bias = static_cast<const E *>(p.b_hh);
-  A x[G], hh[G], sv[SV];
+  A hh[Cell::kGates], sv[SV];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    x[g] = to_accum(xp[(size_t)g * H]);
-    hh[g] = mat[g] + (bias != NULL ? A(to_accum(bias[g * H + u])) : A(0));
-  }
-  *out = Cell::forward(x, hh, prev, carry, sv);
+  for (int g = 0; g < Cell::kGates; ++g) hh[g] = mat[g] + in.bias[g];
+  *out = Cell::forward(in.xp, hh, prev, carry, sv);
   if (saved != NULL)
 #pragma unroll
     for (int k = 0; k < SV; ++k) saved[srow + (size_t)k * H] = Round<E>::to(sv[k]);
   return true;
 }
 
+/* What the backward of unit u of sequence b at an active step t reads from
+ * memory, loaded ahead of the gate-gradient products: its saved values and
+ * what the forward's step carried in (c_{t-1} for an LSTM, h_{t-1} for a GRU). */
+template <class Cell, typename A>
+struct UnitSaved {
+  A sv[Cell::kSaved];
+  A prev;
+};
+
+template <class Cell, typename E, typename A>
+__device__ __forceinline__ void load_unit_saved(const GatedParams &p, int t, int b, int u, UnitSaved<Cell, A> *in) {
+  const int SV = Cell::kSaved, H = p.hidden, B = p.batch;
+  const E *saved = static_cast<const E *>(p.saved);
+  const size_t srow = ((size_t)t * B + b) * SV * H + u;
+#pragma unroll
+  for (int k = 0; k < SV; ++k) in->sv[k] = to_accum(saved[srow + (size_t)k * H]);
+  if (Cell::kCarriesCell)
+    in->prev = t > 0 ? A(to_accum(saved[srow - (size_t)B * SV * H + (size_t)(SV - 1) * H]))
+                     : A(to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]));
+  else
+    in->prev = t > 0 ? A(to_accum(static_cast<const E *>(p.y)[((size_t)(t - 1) * B + b) * p.state + u]))
+                     : A(to_accum(static_cast<const E *>(p.h0)[b * p.h0_stride_b + u]));
+}
+
 /* Backward of unit u of sequence b at an active step t; dh = dLoss/d(unit
  * output). Writes grad_xp (and grad_hh) and returns the hh-side gradients in
  * dhh; *carry (in: from t+1, out: for t-1) and *dh_direct as Cell::backward. */
 template <class Cell, typename E, typename A>
-__device__ __forceinline__ void backward_unit(const GatedParams &p, int t, int b, int u, A dh, A *carry,
-                                              A *dh_direct, A (&dhh)[Cell::kGates]) {
-  const int G = Cell::kGates, SV = Cell::kSaved, H = p.hidden, B = p.batch;
-  const E *saved = static_cast<const E *>(p.saved);
-  const size_t srow = ((size_t)t * B + b) * SV * H + u;
-  A sv[SV];
-#pragma unroll
-  for (int k = 0; k < SV; ++k) sv[k] = to_accum(saved[srow + (size_t)k * H]);
-  A prev; /* what the forward's step t carried in: c_{t-1} (LSTM) or h_{t-1} (GRU) */
-  if (Cell::kCarriesCell)
-    prev = t > 0 ? A(to_accum(saved[srow - (size_t)B * SV * H + (size_t)(SV - 1) * H]))
-                 : A(to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]));
-  else
-    prev = t > 0 ? A(to_accum(static_cast<const E *>(p.y)[((size_t)(t - 1) * B + b) * p.state + u]))
-                 : A(to_accum(static_cast<const E *>(p.h0)[b * p.h0_stride_b + u]));
+__device__ __forceinline__ void backward_unit(const GatedParams &p, int t, int b, int u, const UnitSaved<Cell, A> &in,
+                                              A dh, A *carry, A *dh_direct, A (&dhh)[Cell::kGates]) {
+  const int G = Cell::kGates, H = p.hidden, B = p.batch;
   A dxp[G];
-  Cell::backward(dh, *carry, sv, prev, dxp, dhh, carry, dh_direct);
+  Cell::backward(dh, *carry, in.sv, in.prev, dxp, dhh, carry, dh_direct);
   E *gxp = static_cast<E *>(p.grad_xp) + ((size_t)t * B + b) * G * H + u;
   E *ghh = static_cast<E *>(p.grad_hh);
 #pragma unroll
@@ -194,6 +223,28 @@ __device__ void block_products(const E *w, int rows, int U, int units, int Kp, c
 /* Shared memory of the persistent kernels: the on-chip matrix, then floats. */
 __host__ __device__ inline size_t matrix_bytes(int rows, int Kp, size_t elem) { return align_up((size_t)rows * Kp * elem, 16); }
 
+/* dst[0 .. n) = src[0 .. n) for n floats (a multiple of 4) from L2, never a
+ * stale L1 line: kStageDepth 16-byte loads a thread in flight before any store. */
+const int kStageDepth = 8;
+__device__ __forceinline__ void stage_from_l2(const float *src, float *dst, int n) {
+  const float4 *s4 = reinterpret_cast<const float4 *>(src);
+  float4 *d4 = reinterpret_cast<float4 *>(dst);
+  const int n4 = n / 4, stride = blockDim.x;
+  for (int base = threadIdx.x; base < n4; base += stride * kStageDepth) {
+    float4 v[kStageDepth];
+#pragma unroll
+    for (int j = 0; j < kStageDepth; ++j)
+      if (base + j * stride < n4) v[j] = __ldcg(s4 + base + j * stride);
+#pragma unroll
+    for (int j = 0; j < kStageDepth; ++j)
+      if (base + j * stride < n4) d4[base + j * stride] = v[j];
+  }
+}
+
+/* Exchange buffers: 2 x batch rows of Kp floats, by step parity; the columns
+ * past K are zeroed before launch and never written. A thread of a CTA's
+ * pointwise work owns unit ul of staged sequence bl (tid < units * tile). */
+
 template <class Cell, typename E>
 __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const GatedParams p) {
   const int G = Cell::kGates;
@@ -221,22 +272,27 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
     }
   __syncthreads();
 
+  const int ul = tid % units, bl = tid / units, u = u0 + ul;
   for (int t = 0; t < T; ++t) {
-    const float *prev = p.xchg + (size_t)((t + 1) & 1) * B * K;
-    float *next = p.xchg + (size_t)(t & 1) * B * K;
+    const float *prev = p.xchg + (size_t)((t + 1) & 1) * B * Kp;
+    float *next = p.xchg + (size_t)(t & 1) * B * Kp;
     for (int b0 = 0; b0 < B; b0 += tile) {
-      const int nb = min(tile, B - b0);
-      for (int idx = tid; idx < nb * Kp; idx += nthreads) {
-        const int bl = idx / Kp, k = idx % Kp, b = b0 + bl;
-        float v = 0.f;
-        if (k < K) v = t == 0 ? to_accum(h0[b * p.h0_stride_b + k]) : __ldcg(prev + (size_t)b * K + k);
-        hs[idx] = v;
+      const int nb = min(tile, B - b0), b = b0 + bl;
+      const bool mine = tid < units * nb;
+      UnitInputs<Cell, float> in;
+      if (mine) load_unit_inputs<Cell, E, float>(p, t, b, u, &in);
+      if (t == 0) {
+        for (int idx = tid; idx < nb * Kp; idx += nthreads) {
+          const int sl = idx / Kp, k = idx % Kp;
+          hs[idx] = k < K ? to_accum(h0[(b0 + sl) * p.h0_stride_b + k]) : 0.f;
+        }
+      } else {
+        stage_from_l2(prev + (size_t)b0 * Kp, hs, nb * Kp);
       }
       __syncthreads();
       block_products(w, R, U, units, Kp, hs, nb, sums, tile);
       __syncthreads();
-      for (int idx = tid; idx < units * nb; idx += nthreads) {
-        const int ul = idx % units, bl = idx / units, b = b0 + bl, u = u0 + ul;
+      if (mine) {
         float mat[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) mat[g] = sums[(g * U + ul) * tile + bl];
@@ -244,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
         const float prev_carry = Cell::kCarriesCell ? cell[ul * B + b] : own;
         float out, carry, state = own;     /* past the length the state stays */
         const size_t o = ((size_t)t * B + b) * K + u;
-        if (forward_unit<Cell, E, float>(p, t, b, u, mat, prev_carry, &out, &carry)) {
+        if (forward_unit<Cell, E, float>(p, t, b, u, in, mat, prev_carry, &out, &carry)) {
           const E oe = Round<E>::to(out);
           y[o] = oe;
           state = to_accum(oe);
@@ -252,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
         } else {
           y[o] = Round<E>::to(0.f);
         }
-        next[(size_t)b * K + u] = state;
+        next[(size_t)b * Kp + u] = state;
         if (t == T - 1) {
           static_cast<E *>(p.h_n)[(size_t)b * K + u] = Round<E>::to(state);
           if (Cell::kCarriesCell) static_cast<E *>(p.c_n)[(size_t)b * H + u] = Round<E>::to(cell[ul * B + b]);
@@ -295,43 +351,47 @@ __global__ void __launch_bounds__(kThreads, 1) gated_backward_persistent(const G
   }
   __syncthreads();
 
+  const int ul = tid % units, bl = tid / units, u = u0 + ul;
   /* s = T runs t = -1: the products with step 0's gradients give grad_h0 */
   for (int s = 0; s <= T; ++s) {
     const int t = T - 1 - s;
-    const float *prev = p.xchg + (size_t)((s + 1) & 1) * B * K;
-    float *next = p.xchg + (size_t)(s & 1) * B * K;
+    const float *prev = p.xchg + (size_t)((s + 1) & 1) * B * Kp;
+    float *next = p.xchg + (size_t)(s & 1) * B * Kp;
     for (int b0 = 0; b0 < B; b0 += tile) {
-      const int nb = min(tile, B - b0);
+      const int nb = min(tile, B - b0), b = b0 + bl, c = ul * B + b;
+      const bool mine = tid < units * nb;
+      const int len = mine ? sequence_length(p.lengths, b, T) : 0;
+      const bool active = mine && t >= 0 && t < len;
+      UnitSaved<Cell, float> in;
+      float dy = 0.f;
+      if (active) {
+        load_unit_saved<Cell, E, float>(p, t, b, u, &in);
+        dy = to_accum(grad_y[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]);
+      }
       if (s > 0) {
-        for (int idx = tid; idx < nb * Kp; idx += nthreads) {
-          const int bl = idx / Kp, k = idx % Kp;
-          ds[idx] = k < K ? __ldcg(prev + (size_t)(b0 + bl) * K + k) : 0.f;
-        }
+        stage_from_l2(prev + (size_t)b0 * Kp, ds, nb * Kp);
         __syncthreads();
         block_products(w, U, U, units, Kp, ds, nb, sums, tile);
         __syncthreads();
       }
-      for (int idx = tid; idx < units * nb; idx += nthreads) {
-        const int ul = idx % units, bl = idx / units, b = b0 + bl, u = u0 + ul, c = ul * B + b;
-        const int len = sequence_length(p.lengths, b, T);
+      if (mine) {
         float ch = carry_h[c];
         if (s > 0 && t + 1 < len) ch = sums[ul * tile + bl] + direct[c];
         carry_h[c] = ch;
         if (t < 0) {
           static_cast<E *>(p.grad_h0)[(size_t)b * H + u] = Round<E>::to(ch);
           if (Cell::kCarriesCell) static_cast<E *>(p.grad_c0)[(size_t)b * H + u] = Round<E>::to(carry_c[c]);
-          continue;
-        }
-        float *dst = next + (size_t)b * K + u;
-        if (t < len) {
-          const float dh = to_accum(grad_y[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]) + ch;
-          float dhh[G];
-          backward_unit<Cell, E, float>(p, t, b, u, dh, &carry_c[c], &direct[c], dhh);
-#pragma unroll
-          for (int g = 0; g < G; ++g) dst[(size_t)g * H] = dhh[g];
         } else {
-          zero_unit_grads<Cell, E>(p, t, b, u);
-          for (int g = 0; g < G; ++g) dst[(size_t)g * H] = 0.f;
+          float *dst = next + (size_t)b * Kp + u;
+          if (active) {
+            float dhh[G];
+            backward_unit<Cell, E, float>(p, t, b, u, in, dy + ch, &carry_c[c], &direct[c], dhh);
+#pragma unroll
+            for (int g = 0; g < G; ++g) dst[(size_t)g * H] = dhh[g];
+          } else {
+            zero_unit_grads<Cell, E>(p, t, b, u);
+            for (int g = 0; g < G; ++g) dst[(size_t)g * H] = 0.f;
+          }
         }
       }
       __syncthreads();
@@ -470,8 +530,10 @@ __global__ void forward_cell_kernel(const GatedParams p, int t, StepwiseBuffers<
   const bool proj = buf.m != NULL;
   const A own = proj ? A(0) : prev_state[(size_t)b * S + u];
   A *cell = &buf.cell[(size_t)b * H + u];
+  UnitInputs<Cell, A> in;
+  load_unit_inputs<Cell, E, A>(p, t, b, u, &in);
   A out, carry;
-  const bool active = forward_unit<Cell, E, A>(p, t, b, u, mat, Cell::kCarriesCell ? *cell : own, &out, &carry);
+  const bool active = forward_unit<Cell, E, A>(p, t, b, u, in, mat, Cell::kCarriesCell ? *cell : own, &out, &carry);
   if (active && Cell::kCarriesCell) *cell = carry;
   if (proj) {
     buf.m[(size_t)b * H + u] = active ? out : A(0);
@@ -555,8 +617,10 @@ __global__ void backward_cell_kernel(const GatedParams p, int t, StepwiseBuffers
   A *dgh = buf.dgh + (size_t)b * G * H + u;
   if (t < sequence_length(p.lengths, b, p.steps)) {
     const A dh = buf.dm != NULL ? buf.dm[idx] : buf.dh[(size_t)b * p.state + u];
+    UnitSaved<Cell, A> in;
+    load_unit_saved<Cell, E, A>(p, t, b, u, &in);
     A dhh[G];
-    backward_unit<Cell, E, A>(p, t, b, u, dh, &buf.carry_c[idx], &buf.direct[idx], dhh);
+    backward_unit<Cell, E, A>(p, t, b, u, in, dh, &buf.carry_c[idx], &buf.direct[idx], dhh);
 #pragma unroll
     for (int g = 0; g < G; ++g) dgh[(size_t)g * H] = dhh[g];
   } else {
@@ -620,7 +684,9 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, bool backward, const G
   const int units = (H + dev.sms - 1) / dev.sms;
   const int K = backward ? G * H : H;
   const int Kp = (int)align_up((size_t)K, kKAlign);
-  int tile = pb->batch < kMaxBatchTile ? (int)pb->batch : kMaxBatchTile;
+  /* a thread per (unit, staged sequence) in the cell update */
+  const int most = kThreads / units < kMaxBatchTile ? kThreads / units : kMaxBatchTile;
+  int tile = pb->batch < most ? (int)pb->batch : most;
   while (tile > 0 && persistent_smem(pb, backward, units, Kp, tile) > (size_t)dev.smem_optin) --tile;
   if (tile == 0) return PRNN_STATUS_SUCCESS;
   const size_t smem = persistent_smem(pb, backward, units, Kp, tile);
@@ -638,7 +704,7 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, bool backward, const G
   l->batch_tile = tile;
   l->rows = backward ? units : G * units;
   l->smem_bytes = (int)smem;
-  l->workspace_bytes = 2 * (size_t)pb->batch * K * sizeof(float);
+  l->workspace_bytes = 2 * (size_t)pb->batch * Kp * sizeof(float);
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -815,6 +881,8 @@ prnn_status_t run_gated(const prnn_problem_t *pb, bool backward, GatedParams p, 
   p.k_padded = l.k_padded;
   p.batch_tile = l.batch_tile;
   p.xchg = static_cast<float *>(workspace);
+  err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, stream); /* the padding columns read as zero */
+  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&p};
   err = cudaLaunchCooperativeKernel(l.kernel, dim3(l.grid), dim3(kThreads), args, (size_t)l.smem_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(gated persistent kernel)");
