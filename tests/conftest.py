@@ -196,6 +196,14 @@ def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_
     return torch.stack(ys)
 
 
+def reference_final_state(y, h0, lengths=None):
+    """h_n of prnn::forward / prnn::layer from their y: each sequence's state
+    after its last step (h0 where it has none)."""
+    if lengths is None:
+        return y[-1] if y.shape[0] > 0 else h0
+    return torch.stack([y[n - 1, b] if n > 0 else h0[b] for b, n in enumerate(lengths.tolist())])
+
+
 def layer_reference(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
     """prnn::layer's definition: the input projection, then reference_forward."""
     xp = x @ w_ih.t() + (b_ih + b_hh if b_ih is not None else 0)

@@ -71,10 +71,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
                                                                const at::Tensor& h0,
                                                                const at::Tensor& w_hh);
 
+// h_n [batch, hidden], a tensor of its own (never a view of y): each
+// sequence's state after its last step, y[lengths[b] - 1, b] (y[steps - 1, b]
+// without lengths), or h0[b] where it has no step. No host synchronisation.
+at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
+                       const std::optional<at::Tensor>& lengths);
+
+// The row of y's [steps * batch, hidden] rows (as_rows) that holds each
+// sequence's final state: (lengths[b] - 1) batch + b, at step 0 where a length
+// is 0. A host int64 tensor [batch] from the CPU lengths, in ATen ops that
+// torch.compile can trace (final_state computes the same rows in a loop).
+at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch);
+
 // prnn::forward and prnn::backward through the dispatcher (below whatever
-// dispatch key the caller has excluded).
-at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+// dispatch key the caller has excluded). prnn::forward returns (y, h_n).
+std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                c10::string_view nonlinearity);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
@@ -98,19 +112,18 @@ prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
                            const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                            c10::string_view nonlinearity);
 
-// prnn::layer through the dispatcher (below whatever key the caller excluded).
-at::Tensor call_layer(const at::Tensor& x, const at::Tensor& w_ih,
-                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
-                      const at::Tensor& h0, const at::Tensor& w_hh,
-                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+// prnn::layer through the dispatcher (below whatever key the caller excluded): (y, h_n).
+std::tuple<at::Tensor, at::Tensor> call_layer(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
 // prnn::layer below autograd, on every device (its CompositeExplicitAutograd
-// kernel): the input projection, then prnn::forward.
-at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& w_ih,
-                         const std::optional<at::Tensor>& b_ih,
-                         const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-                         const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                         c10::string_view nonlinearity);
+// kernel): the input projection, then prnn::forward. Returns (y, h_n).
+std::tuple<at::Tensor, at::Tensor> layer_forward(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
 // t [T,B,N] as rows [T*B,N] (a view when t allows it), in symbolic sizes:
 // under torch.compile(dynamic=True) this runs on fake tensors, and reading a

@@ -1,0 +1,260 @@
+"""Gradients as nn.RNN hands them out, wherever a user can see them:
+output and h_n as independent autograd outputs (retain_grad, hooks and
+torch.autograd.grad on one never see the other's gradient). Every case
+against nn.RNN in float64 on the same weights, also in 16 bits (which the
+CPU computes in float32)."""
+
+import pytest
+import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+from conftest import assert_close, devices, make_op_inputs, reference_final_state, reference_forward, twins
+
+forward, layer = torch.ops.prnn.forward, torch.ops.prnn.layer
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+REDUCED = (torch.float16, torch.bfloat16)
+
+# Module configurations: every op path (prnn::layer forward, F.linear and
+# prnn::forward in reverse), with and without biases, one and several layers.
+CONFIGS = {
+    "forward": {},
+    "bidirectional": {"bidirectional": True},
+    "multi_layer": {"num_layers": 3},
+    "multi_layer_bidirectional": {"num_layers": 2, "bidirectional": True},
+    "no_bias_bidirectional": {"bias": False, "bidirectional": True},
+    "relu_bidirectional": {"nonlinearity": "relu", "bidirectional": True},
+}
+
+# How the input is given: (batch_first, packed, unbatched).
+LAYOUTS = {
+    "time_major": (False, False, False),
+    "batch_first": (True, False, False),
+    "packed": (False, True, False),
+    "unbatched": (False, False, True),
+}
+
+T, B, I = 5, 3, 4
+LENGTHS = torch.tensor([3, 5, 2])  # unsorted: the packed path permutes the batch
+
+
+def make_leaf(layout, dtype, device):
+    """The tensor a user feeds (and reads the gradient of) in `layout`: the
+    padded tensor for packed input."""
+    batch_first, _, unbatched = LAYOUTS[layout]
+    shape = (T, I) if unbatched else (B, T, I) if batch_first else (T, B, I)
+    return torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+
+
+def module_input(layout, leaf):
+    """What the module gets: `leaf` itself, or packed."""
+    return pack_padded_sequence(leaf, LENGTHS, enforce_sorted=False) if LAYOUTS[layout][1] else leaf
+
+
+def reference_leaf(leaf):
+    return leaf.detach().double().requires_grad_()
+
+
+def data_of(output):
+    return output.data if isinstance(output, PackedSequence) else output
+
+
+LAYER_NAMES = ("x", "w_ih", "b_ih", "b_hh", "h0", "w_hh")
+
+
+def make_layer_inputs(T, B, I, H, dtype, device):
+    """x, w_ih, b_ih, b_hh, h0, w_hh of prnn::layer."""
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    w_ih = torch.randn(H, I, dtype=torch.float64) * I**-0.5
+    b_ih, b_hh = 0.5 * torch.randn(H, dtype=torch.float64), 0.5 * torch.randn(H, dtype=torch.float64)
+    _, h0, w_hh = make_op_inputs(T, B, H)
+    return [t.to(device, dtype) for t in (x, w_ih, b_ih, b_hh, h0, w_hh)]
+
+
+# ---- 2. output and h_n: independent autograd outputs
+
+
+def run_both(module, layout, leaf, hooks):
+    """What a user sees of the gradients of loss = output.sum() + 10 h_n.sum()
+    (stride-0 gradients, the most common kind), each from a forward of its
+    own: torch.autograd.grad with respect to output (its data when packed)
+    and to h_n; the gradients hooks on them receive, and the input's and every
+    parameter's from torch.autograd.grad; retain_grad of output and h_n,
+    and .grad after backward(). `hooks` (name -> function) are registered
+    on "output" / "h_n" in every forward."""
+    params = list(module.parameters())
+
+    def run():
+        output, h_n = module(module_input(layout, leaf))
+        outputs = {"output": data_of(output), "h_n": h_n}
+        for name, hook in hooks.items():
+            outputs[name].register_hook(hook)
+        return outputs, outputs["output"].sum() + 10 * outputs["h_n"].sum()
+
+    # One output at a time: given both, torch's engine captures h_n's gradient
+    # before h_n's hooks run (h_n, stacked from the layers' states, leads into
+    # the node that makes output, which then runs; nn.RNN makes both in one node).
+    outputs, loss = run()
+    seen = {"by_grad": [torch.autograd.grad(loss, t, retain_graph=True)[0] for t in outputs.values()]}
+    outputs, loss = run()
+    for name, t in outputs.items():  # before `hooks`' own hooks: the gradient as it arrives
+        t.register_hook(lambda g, name=name: seen.__setitem__(f"hooked {name}", g.clone()))
+    seen["grads"] = torch.autograd.grad(loss, [leaf, *params])
+    outputs, loss = run()
+    for t in outputs.values():
+        t.retain_grad()
+    leaf.grad = None
+    module.zero_grad(set_to_none=True)
+    loss.backward()
+    seen["retained"] = [t.grad for t in outputs.values()]
+    seen["dot_grads"] = [leaf.grad, *(p.grad for p in params)]
+    return outputs, seen
+
+
+def check_both(ours, reference, layout, dtype, device, hooks=None):
+    hooks = hooks or {}
+    leaf = make_leaf(layout, dtype, device)
+    outputs, got = run_both(ours, layout, leaf, hooks)
+    ref_outputs, ref = run_both(reference, layout, reference_leaf(leaf), hooks)
+    for name in ("output", "h_n"):
+        assert_close(outputs[name], ref_outputs[name], dtype, name)
+    # The gradients of output and h_n come from the loss alone: exact.
+    for kind in ("by_grad", "retained"):
+        for name, g, r in zip(("output", "h_n"), got[kind], ref[kind], strict=True):
+            assert g.dtype == dtype and torch.equal(g.double(), r), f"{kind} gradient of {name}"
+    for name in ("output", "h_n"):
+        key = f"hooked {name}"
+        assert torch.equal(got[key].double(), ref[key]), f"{key}'s gradient"
+    names = ["input"] + [n for n, _ in ours.named_parameters()]
+    for kind in ("grads", "dot_grads"):
+        for name, g, r in zip(names, got[kind], ref[kind], strict=True):
+            assert g.dtype == dtype and g.shape == r.shape, name
+            assert_close(g, r, dtype, f"{kind} {name}")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", ["forward", "bidirectional", "multi_layer", "no_bias_bidirectional"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_output_grad_excludes_h_n_grad(device, dtype, config, layout):
+    """With loss = output.sum() + 10 h_n.sum(), output's gradient is all ones
+    and h_n's all tens wherever a user looks (nn.RNN's), and every parameter
+    gets nn.RNN's gradient."""
+    ours, reference = twins(device, dtype, **{**CONFIGS[config], "batch_first": LAYOUTS[layout][0]})
+    check_both(ours, reference, layout, dtype, device)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("config", ["forward", "bidirectional", "multi_layer"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("zeroed", ["output", "h_n"])
+def test_hook_zeroing_one_output_grad(device, dtype, config, layout, zeroed):
+    """A hook that zeroes the gradient of output (or of h_n) removes only that
+    output's part of the parameters' gradients: the other's remains, as in nn.RNN."""
+    ours, reference = twins(device, dtype, **{**CONFIGS[config], "batch_first": LAYOUTS[layout][0]})
+    check_both(ours, reference, layout, dtype, device, hooks={zeroed: torch.zeros_like})
+    assert reference.weight_hh_l0.grad.norm() > 0.1  # what the other output leaves
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_h_n_is_not_output_memory(device, config, layout):
+    """h_n shares no memory with output: changing one in place leaves the
+    other as it was (nn.RNN's h_n is a tensor of its own too)."""
+    ours, _ = twins(device, torch.float64, **{**CONFIGS[config], "batch_first": LAYOUTS[layout][0]})
+    with torch.no_grad():
+        output, h_n = ours(module_input(layout, make_leaf(layout, torch.float64, device)))
+        out = data_of(output)
+        assert out.untyped_storage().data_ptr() != h_n.untyped_storage().data_ptr()
+        before = out.clone()
+        h_n.fill_(7.0)
+        assert torch.equal(out, before), "changing h_n in place changed output"
+
+
+OP_LENGTHS = {
+    "none": None, "full": torch.tensor([5, 5, 5]), "mixed": torch.tensor([5, 2, 4]), "zero": torch.tensor([3, 0, 5]),
+}
+GRAD_OF = ["both", "y", "h_n", "sum"]
+
+
+def check_final_state_op(op, inputs, lengths, dtype, grad_of, reference):
+    """(y, h_n) of `op` and the gradients of a loss on y, h_n or both against
+    autograd through `reference` (float64 leaves -> y)."""
+    y, h_n = op(*inputs, lengths, "tanh")
+    h0 = inputs[-2]
+    assert h_n.shape == h0.shape and h_n.dtype == dtype and h_n.is_contiguous()
+    for other, name in ((y, "y"), (h0, "h0")):
+        if h_n.numel() and other.numel():
+            assert h_n.untyped_storage().data_ptr() != other.untyped_storage().data_ptr(), f"h_n shares {name}'s memory"
+    assert torch.equal(h_n, reference_final_state(y, h0, lengths))  # a copy of the op's own y (or h0)
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    y_ref = reference(*leaves)
+    h_ref = reference_final_state(y_ref, leaves[-2], lengths)
+    gen = torch.Generator().manual_seed(2)
+    g_y, g_h = (torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (y_ref, h_ref))
+    if grad_of == "both":
+        grads = torch.autograd.grad((y, h_n), inputs, (g_y.to(y), g_h.to(y)))
+        ref_grads = torch.autograd.grad((y_ref, h_ref), leaves, (g_y, g_h))
+    elif grad_of == "y":
+        grads = torch.autograd.grad(y, inputs, g_y.to(y))
+        ref_grads = torch.autograd.grad(y_ref, leaves, g_y)
+    elif grad_of == "h_n":
+        grads = torch.autograd.grad(h_n, inputs, g_h.to(y))
+        ref_grads = torch.autograd.grad(h_ref, leaves, g_h, allow_unused=True)
+    else:  # stride-0 gradients of both
+        grads = torch.autograd.grad(y.sum() + 3 * h_n.sum(), inputs)
+        ref_grads = torch.autograd.grad(y_ref.sum() + 3 * h_ref.sum(), leaves)
+    for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
+        r = torch.zeros_like(leaves[i]) if r is None else r
+        assert g.dtype == dtype and g.shape == r.shape
+        assert_close(g, r, dtype, f"grad of input {i} ({grad_of})")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", OP_LENGTHS)
+@pytest.mark.parametrize("grad_of", GRAD_OF)
+def test_forward_op_final_state(device, dtype, lengths, grad_of):
+    """prnn::forward returns (y, h_n): h_n a fresh [B, H] tensor, and its
+    gradient reaches xp, h0 and w_hh as if it were read off y."""
+    inputs = [t.requires_grad_() for t in make_op_inputs(T, B, 7, dtype, device)]
+    lengths = OP_LENGTHS[lengths]
+    act_grad_from = forward(*inputs, lengths, "tanh")[0] if dtype in REDUCED else None
+    reference = lambda xp, h0, w: reference_forward(xp, h0, w, lengths, "tanh", act_grad_from)  # noqa: E731
+    check_final_state_op(forward, inputs, lengths, dtype, grad_of, reference)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", OP_LENGTHS)
+@pytest.mark.parametrize("grad_of", GRAD_OF)
+def test_layer_op_final_state(device, dtype, lengths, grad_of):
+    """prnn::layer returns (y, h_n) like prnn::forward."""
+    inputs = [t.requires_grad_() for t in make_layer_inputs(T, B, I, 7, dtype, device)]
+    lengths = OP_LENGTHS[lengths]
+    act_grad_from = layer(*inputs, lengths, "tanh")[0] if dtype in REDUCED else None
+
+    def reference(x, w_ih, b_ih, b_hh, h0, w_hh):
+        return reference_forward(x @ w_ih.t() + b_ih + b_hh, h0, w_hh, lengths, "tanh", act_grad_from)
+
+    check_final_state_op(layer, inputs, lengths, dtype, grad_of, reference)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("op", ["forward", "layer"])
+def test_op_final_state_without_steps(device, op):
+    """T = 0: h_n is a copy of h0, and its gradient h0's."""
+    if op == "forward":
+        inputs = [t.requires_grad_() for t in make_op_inputs(0, B, 7, torch.float64, device)]
+        y, h_n = forward(*inputs, None, "tanh")
+    else:
+        inputs = [t.requires_grad_() for t in make_layer_inputs(0, B, I, 7, torch.float64, device)]
+        y, h_n = layer(*inputs, None, "tanh")
+    h0 = inputs[-2]
+    assert y.shape == (0, B, 7) and torch.equal(h_n, h0) and h_n.data_ptr() != h0.data_ptr()
+    g = torch.randn_like(h_n)
+    grads = torch.autograd.grad(h_n, inputs, g)
+    for t, grad in zip(inputs, grads, strict=True):
+        assert torch.equal(grad, g if t is h0 else torch.zeros_like(t))
