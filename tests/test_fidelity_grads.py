@@ -1,8 +1,12 @@
 """Gradients as nn.RNN hands them out, wherever a user can see them:
+a tensor of its own for every parameter (in-place use of one gradient, as
+clip_grad_norm_ and GradScaler.unscale_ do, must touch only that one);
 output and h_n as independent autograd outputs (retain_grad, hooks and
 torch.autograd.grad on one never see the other's gradient). Every case
 against nn.RNN in float64 on the same weights, also in 16 bits (which the
 CPU computes in float32)."""
+
+import itertools
 
 import pytest
 import torch
@@ -69,6 +73,133 @@ def make_layer_inputs(T, B, I, H, dtype, device):
     b_ih, b_hh = 0.5 * torch.randn(H, dtype=torch.float64), 0.5 * torch.randn(H, dtype=torch.float64)
     _, h0, w_hh = make_op_inputs(T, B, H)
     return [t.to(device, dtype) for t in (x, w_ih, b_ih, b_hh, h0, w_hh)]
+
+
+# ---- 1. a gradient tensor of its own for every parameter
+
+
+def random_loss(output, h_n):
+    """A loss that weighs every element of output and h_n differently."""
+    gen = torch.Generator().manual_seed(1)
+    out = data_of(output)
+    weights = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t) for t in (out, h_n)]
+    return (out * weights[0]).sum() + (h_n * weights[1]).sum()
+
+
+def assert_distinct(tensors, names):
+    """No two of `tensors` are one object or share memory."""
+    for (a, name_a), (b, name_b) in itertools.combinations(zip(tensors, names, strict=True), 2):
+        assert a is not b, f"the gradients of {name_a} and {name_b} are one tensor"
+        assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr(), (
+            f"the gradients of {name_a} and {name_b} share memory"
+        )
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_parameter_grads_are_distinct_tensors(device, dtype, config, packed):
+    """torch.autograd.grad and .backward() give every parameter (and the
+    input and hx) a tensor of its own, with nn.RNN's values."""
+    ours, reference = twins(device, dtype, **CONFIGS[config])
+    layout = "packed" if packed else "time_major"
+    leaf = make_leaf(layout, dtype, device)
+    ref_leaf = reference_leaf(leaf)
+    hx = 0.5 * torch.randn(ours.num_layers * (1 + ours.bidirectional), B, 7, dtype=dtype, device=device)
+    hx.requires_grad_()
+    ref_hx = hx.detach().double().requires_grad_()
+    names = ["input", "hx"] + [n for n, _ in ours.named_parameters()]
+
+    grads = torch.autograd.grad(random_loss(*ours(module_input(layout, leaf), hx)), [leaf, hx, *ours.parameters()])
+    ref_output, ref_h_n = reference(module_input(layout, ref_leaf), ref_hx)
+    ref_grads = torch.autograd.grad(random_loss(ref_output, ref_h_n), [ref_leaf, ref_hx, *reference.parameters()])
+    assert_distinct(grads, names)
+    for name, g, r in zip(names, grads, ref_grads, strict=True):
+        assert g.dtype == dtype and g.shape == r.shape, name
+        assert_close(g, r, dtype, f"grad {name}")
+
+    random_loss(*ours(module_input(layout, leaf), hx)).backward()
+    assert_distinct([leaf.grad, hx.grad, *(p.grad for p in ours.parameters())], names)
+    for name, p, r in zip(names[2:], ours.parameters(), ref_grads[2:], strict=True):
+        assert_close(p.grad, r, dtype, f".grad of {name}")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_clip_grad_norm_of_returned_grads(device, dtype, config):
+    """Gradients from torch.autograd.grad set as .grad, then clipped in place
+    and scaled in place (as GradScaler.unscale_ does): each parameter's
+    gradient changes once, by the factor clipping chose, as with nn.RNN."""
+    ours, reference = twins(device, dtype, **CONFIGS[config])
+    x = torch.randn(T, B, I, dtype=dtype, device=device)
+    for module, input in ((ours, x), (reference, x.double())):
+        params = list(module.parameters())
+        grads = torch.autograd.grad(random_loss(*module(input)), params)
+        before = [g.clone() for g in grads]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm=1e-2)
+        for g in grads:
+            g.mul_(0.5)
+        factor = 0.5 * 1e-2 / (total.double().item() + 1e-6)
+        for (name, p), g in zip(module.named_parameters(), before, strict=True):
+            assert_close(p.grad, g * factor, dtype, f"{type(module).__name__}: clipped and scaled grad {name}")
+    if dtype not in REDUCED:  # 16 bits: the values against nn.RNN's in test_parameter_grads_are_distinct_tensors
+        for (name, p), q in zip(ours.named_parameters(), reference.parameters(), strict=True):
+            assert_close(p.grad, q.grad, dtype, f"clipped and scaled grad {name}, against nn.RNN")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_layer_op_bias_grads_are_distinct(device, dtype, with_lengths):
+    """prnn::layer's own backward: a tensor for b_ih and another for b_hh,
+    also when only one of them requires grad."""
+    inputs = make_layer_inputs(T, B, I, 7, dtype, device)
+    lengths = LENGTHS if with_lengths else None
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y, h_n = layer(*leaves, lengths, "tanh")
+    grads = torch.autograd.grad(random_loss(y, h_n), leaves)
+    assert_distinct(grads, LAYER_NAMES)
+    assert torch.equal(grads[2], grads[3])  # the same values: xp has b_ih + b_hh
+    for which in (2, 3):
+        leaves = [t.clone().requires_grad_(i == which) for i, t in enumerate(inputs)]
+        (g,) = torch.autograd.grad(random_loss(*layer(*leaves, lengths, "tanh")), leaves[which])
+        assert torch.equal(g, grads[which]), LAYER_NAMES[which]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("config", ["forward", "bidirectional"])
+def test_compiled_module_grads(device, config, fresh_dynamo):
+    """Under torch.compile(fullgraph=True), as in eager: a gradient tensor of
+    its own for every parameter, output's and h_n's gradients apart, and
+    nn.RNN's values."""
+    ours, reference = twins(device, torch.float32, **CONFIGS[config])
+    compiled = torch.compile(ours, fullgraph=True)
+    x = torch.randn(T, B, I, device=device, requires_grad=True)
+    x_ref = reference_leaf(x)
+    names = ["input"] + [n for n, _ in ours.named_parameters()]
+    output, h_n = compiled(x)
+    grads = torch.autograd.grad(output.sum() + 10 * h_n.sum(), [x, *ours.parameters()])
+    ref_output, ref_h_n = reference(x_ref)
+    ref_grads = torch.autograd.grad(ref_output.sum() + 10 * ref_h_n.sum(), [x_ref, *reference.parameters()])
+    assert_distinct(grads, names)
+    for name, g, r in zip(names, grads, ref_grads, strict=True):
+        assert_close(g, r, torch.float32, f"grad {name}")
+    output, h_n = compiled(x)
+    for t in (output, h_n):
+        t.retain_grad()
+    (output.sum() + 10 * h_n.sum()).backward()
+    assert torch.equal(output.grad, torch.ones_like(output)) and torch.equal(h_n.grad, torch.full_like(h_n, 10))
 
 
 # ---- 2. output and h_n: independent autograd outputs

@@ -289,7 +289,11 @@ class PersistentRNN(nn.Module):
             # The projection of x itself, then reversed: its autograd keeps x,
             # which the forward direction keeps too, where prnn::layer on a
             # reversed x would keep a reversed copy of it.
-            xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
+            # b_ih + b_hh written as b_ih - (-1) b_hh: one op like the sum, but
+            # its backward gives b_hh a gradient tensor of its own (the sum's
+            # hands both biases one, which in-place use of either changes twice).
+            bias = torch.sub(biases[0], biases[1], alpha=-1) if biases else None
+            xp = F.linear(x, w_ih, bias)
             y, h_n = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
         else:
             # All steps' input projections in one GEMM, then the recurrence: one op.

@@ -125,15 +125,22 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
                             ctx->saved_data["nonlinearity"].toStringRef());
     // Autograd's edges are the tensor arguments present: x, w_ih, [b_ih, b_hh,] h0, w_hh.
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    at::Tensor grad_x, grad_w_ih, grad_b;
+    at::Tensor grad_x, grad_w_ih, grad_b_ih, grad_b_hh;
     if (grad_xp.defined()) {
       const at::Tensor rows = as_rows(grad_xp);  // [T*B, H]
       if (ctx->needs_input_grad(0)) grad_x = rows.mm(w_ih).view_symint(x.sym_sizes());
       if (ctx->needs_input_grad(1)) grad_w_ih = rows.t().mm(as_rows(x));
-      if (has_bias && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3))) grad_b = rows.sum(0);
+      const bool ih = has_bias && ctx->needs_input_grad(2), hh = has_bias && ctx->needs_input_grad(3);
+      if (ih || hh) {
+        // The same values, but a tensor for each bias, as nn.RNN gives them:
+        // clip_grad_norm_ or GradScaler.unscale_ changes each in place.
+        const at::Tensor grad_b = rows.sum(0);
+        if (ih) grad_b_ih = grad_b;
+        if (hh) grad_b_hh = ih ? grad_b.clone() : grad_b;
+      }
     }
     // One gradient per forward argument: lengths and nonlinearity have none.
-    return {grad_x, grad_w_ih, grad_b, grad_b, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
+    return {grad_x, grad_w_ih, grad_b_ih, grad_b_hh, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
   }
 };
 
