@@ -2,9 +2,9 @@
 a tensor of its own for every parameter (in-place use of one gradient, as
 clip_grad_norm_ and GradScaler.unscale_ do, must touch only that one);
 output and h_n as independent autograd outputs (retain_grad, hooks and
-torch.autograd.grad on one never see the other's gradient). Every case
-against nn.RNN in float64 on the same weights, also in 16 bits (which the
-CPU computes in float32)."""
+torch.autograd.grad on one never see the other's gradient); relu's
+derivative where the output is NaN. Every case against nn.RNN in float64 on
+the same weights, also in 16 bits (which the CPU computes in float32)."""
 
 import itertools
 
@@ -389,3 +389,73 @@ def test_op_final_state_without_steps(device, op):
     grads = torch.autograd.grad(h_n, inputs, g)
     for t, grad in zip(inputs, grads, strict=True):
         assert torch.equal(grad, g if t is h0 else torch.zeros_like(t))
+
+
+# ---- 3. relu's derivative where the output is NaN
+
+
+def assert_close_non_finite(out, ref, dtype, what):
+    """NaN and infinities exactly where `ref` has them, and close elsewhere."""
+    out, ref = out.double(), ref.double().to(out.device)
+    for kind in ("isnan", "isposinf", "isneginf"):
+        got, expected = getattr(out, kind)(), getattr(ref, kind)()
+        assert torch.equal(got, expected), (
+            f"{what}: {kind} at {got.nonzero().tolist()}, expected at {expected.nonzero().tolist()}"
+        )
+    finite = ref.isfinite()
+    if finite.any():
+        assert_close(out[finite], ref[finite], dtype, what)
+
+
+def check_non_finite_input(device, dtype, config, layout, nonlinearity, step, sequence, value):
+    """Every output and gradient with input[step, sequence, 1] = value, against nn.RNN."""
+    ours, reference = twins(device, dtype, **{**CONFIGS[config], "nonlinearity": nonlinearity, "hidden_size": 3})
+    leaf = make_leaf(layout, dtype, device)
+    with torch.no_grad():
+        leaf[step, sequence, 1] = value
+    ref_leaf = reference_leaf(leaf)
+    names = ["input"] + [n for n, _ in ours.named_parameters()]
+    output, h_n = ours(module_input(layout, leaf))
+    grads = torch.autograd.grad(random_loss(output, h_n), [leaf, *ours.parameters()])
+    ref_output, ref_h_n = reference(module_input(layout, ref_leaf))
+    ref_grads = torch.autograd.grad(random_loss(ref_output, ref_h_n), [ref_leaf, *reference.parameters()])
+    assert_close_non_finite(data_of(output), data_of(ref_output), dtype, "output")
+    assert_close_non_finite(h_n, ref_h_n, dtype, "h_n")
+    assert any(g.isfinite().any() and not g.isfinite().all() for g in ref_grads), "the case shows nothing"
+    for name, g, r in zip(names, grads, ref_grads, strict=True):
+        assert_close_non_finite(g, r, dtype, f"grad {name}")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", ["forward", "bidirectional", "multi_layer"])
+@pytest.mark.parametrize("layout", ["time_major", "packed"])
+def test_relu_nan_input_grads_match_nn_rnn(device, dtype, config, layout):
+    """One NaN in the input of the full-length sequence: relu's derivative
+    there is 1 (torch's: the gradient passes wherever the output is not
+    <= 0), so every gradient is NaN exactly where nn.RNN's is and equal
+    elsewhere."""
+    check_non_finite_input(device, dtype, config, layout, "relu", step=2, sequence=1, value=float("nan"))
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_relu_nan_op_backward(device, dtype, with_lengths):
+    """prnn::backward with NaN in y (the forward of a NaN in xp): the
+    gradient passes through the NaN elements, as torch.relu's does."""
+    xp, h0, w = make_op_inputs(T, B, 7, dtype, device)
+    xp[3, 1, 2] = float("nan")  # sequence 1, step 3: NaN at (3, 1, 2), then all of (4, 1)
+    lengths = torch.tensor([5, 5, 2]) if with_lengths else None
+    leaves = [t.requires_grad_() for t in (xp, h0, w)]
+    y, _ = forward(*leaves, lengths, "relu")
+    assert y[3, 1].isnan().sum() == 1 and y[4, 1].isnan().all()
+    ref_leaves = [t.detach().double().requires_grad_() for t in (xp, h0, w)]
+    y_ref = reference_forward(*ref_leaves, lengths, "relu", act_grad_from=y if dtype in REDUCED else None)
+    g = torch.randn(y.shape, dtype=torch.float64)
+    grads = torch.autograd.grad(y, leaves, g.to(y))
+    ref_grads = torch.autograd.grad(y_ref, ref_leaves, g)
+    assert_close_non_finite(y, y_ref, dtype, "y")
+    assert ref_grads[0][3, 1, 2].isfinite() and ref_grads[0][3, 1, 2] != 0  # passed through the NaN
+    for name, got, ref in zip(("xp", "h0", "w_hh"), grads, ref_grads, strict=True):
+        assert_close_non_finite(got, ref, dtype, f"grad {name}")

@@ -35,7 +35,7 @@ def reference_backward(grad_y, y, h0, w, lengths, nonlinearity):
     zero past a length; then grad_h0 = delta_0 W and grad_W = sum_t delta_t^T h_{t-1}."""
     T, B, H = y.shape
     lens = lengths.to(y.device) if lengths is not None else torch.full((B,), T, device=y.device)
-    dact = (1 - y * y) if nonlinearity == "tanh" else (y > 0).double()
+    dact = (1 - y * y) if nonlinearity == "tanh" else (~(y <= 0)).double()  # relu': torch's, 1 at NaN
     carry, deltas = torch.zeros_like(h0), [None] * T
     for t in reversed(range(T)):
         d = dact[t] * (grad_y[t] + carry @ w)
