@@ -3,8 +3,9 @@ a tensor of its own for every parameter (in-place use of one gradient, as
 clip_grad_norm_ and GradScaler.unscale_ do, must touch only that one);
 output and h_n as independent autograd outputs (retain_grad, hooks and
 torch.autograd.grad on one never see the other's gradient); relu's
-derivative where the output is NaN. Every case against nn.RNN in float64 on
-the same weights, also in 16 bits (which the CPU computes in float32)."""
+derivative where the output is NaN; no NaN in W_hh's gradient from a state
+past a sequence's end. Every case against nn.RNN in float64 on the same
+weights, also in 16 bits (which the CPU computes in float32)."""
 
 import itertools
 
@@ -243,6 +244,7 @@ def run_both(module, layout, leaf, hooks):
 
 
 def check_both(ours, reference, layout, dtype, device, hooks=None):
+    """run_both of `ours` against the float64 nn.RNN `reference`, on the same input."""
     hooks = hooks or {}
     leaf = make_leaf(layout, dtype, device)
     outputs, got = run_both(ours, layout, leaf, hooks)
@@ -459,3 +461,36 @@ def test_relu_nan_op_backward(device, dtype, with_lengths):
     assert ref_grads[0][3, 1, 2].isfinite() and ref_grads[0][3, 1, 2] != 0  # passed through the NaN
     for name, got, ref in zip(("xp", "h0", "w_hh"), grads, ref_grads, strict=True):
         assert_close_non_finite(got, ref, dtype, f"grad {name}")
+
+
+# ---- 4. NaN or infinity at the end of a short sequence
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", ["forward", "bidirectional", "multi_layer_bidirectional"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_end_of_a_short_sequence(device, dtype, config, value):
+    """NaN or inf in the input at the last step of a sequence shorter than
+    the longest (packed, relu: the state it ends with is NaN or inf, its
+    deltas finite): nn.RNN never multiplies that state by W_hh again, so
+    the gradient of W_hh keeps its finite elements, here too."""
+    check_non_finite_input(device, dtype, config, "packed", "relu", step=2, sequence=0, value=value)
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_op_weight_grad_stops_at_lengths(device, dtype):
+    """prnn::backward's grad_w_hh sums delta_t^T s_{t-1} over each sequence's
+    steps only: the state a sequence ends with (inf here) or the h0 of one of
+    length 0 (NaN) never meets the zero deltas past its length."""
+    xp, h0, w = make_op_inputs(T, B, 7, dtype, device)
+    lengths = torch.tensor([5, 2, 0])
+    y, _ = forward(xp, h0, w, lengths, "relu")
+    y[1, 1, 3], h0[2, 0] = float("inf"), float("nan")
+    grad_xp, _, grad_w = torch.ops.prnn.backward(torch.randn_like(y), y, h0, w, lengths, "relu")
+    prev = torch.cat([h0.unsqueeze(0), y[:-1]]).double()
+    within = (torch.arange(T).unsqueeze(1) < lengths).to(device)  # T x B
+    expected = grad_xp.double()[within].t() @ prev[within]  # rows: the (step, sequence) pairs within
+    assert grad_w.isfinite().all()
+    assert_close(grad_w, expected, dtype, "grad_w_hh")

@@ -34,8 +34,7 @@ at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& gra
   // A sequence of length 0 adds to its step 0, which the backward-data pass
   // ignores (past a length the deltas are zero whatever grad_y holds).
   const at::Tensor rows = final_state_rows(*lengths, y.sym_size(1));
-  as_rows(grad).index_put_({rows.to(rows.options().device(y.device()), /*non_blocking=*/true)},
-                           grad_h_n, /*accumulate=*/true);
+  as_rows(grad).index_put_({to_device_async(rows, y.device())}, grad_h_n, /*accumulate=*/true);
   return grad;
 }
 
@@ -58,8 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_backward(
   } else if (grad_h_n.defined() && lengths.has_value()) {
     // Where a length is 0, h_n is h0 and the recurrence gave h0 no gradient.
     const at::Tensor unstarted = (*lengths == 0).unsqueeze(1);
-    grad_h0 = at::where(unstarted.to(unstarted.options().device(y.device()), /*non_blocking=*/true),
-                        grad_h_n, grad_h0);
+    grad_h0 = at::where(to_device_async(unstarted, y.device()), grad_h_n, grad_h0);
   }
   return {grad_xp, grad_h0, grad_w_hh};
 }

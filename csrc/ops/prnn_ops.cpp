@@ -145,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const prnn_backward_args_t args = backward_args(grad_y_, y_, w_hh_, host_lengths32, grad_xp);
     check_status(op, prnn_backward_data_cpu(&problem, &args, workspace_ptr(ws), plan.workspace_bytes));
   }
-  return finish_backward(grad_xp, y, h0, w_hh);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths);
 }
 
 prnn_status_t plan_for_device(const char* op, prnn_problem_t problem, prnn_pass_t pass,
@@ -203,6 +203,10 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(
   return call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
 }
 
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device) {
+  return host.to(host.options().device(device), /*non_blocking=*/true);
+}
+
 at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch) {
   return (lengths - 1).clamp_min(0) * batch + at::arange(batch, lengths.options());
 }
@@ -224,14 +228,9 @@ at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
     row[b] = std::max<int64_t>(length[b] - 1, 0) * B + b;
     unstarted |= length[b] == 0;
   }
-  // Host indices to y's device without waiting: a blocking copy would wait
-  // for the kernel that writes y.
-  const auto to_device = [&](const at::Tensor& t) {
-    return t.to(t.options().device(y.device()), /*non_blocking=*/true);
-  };
-  at::Tensor h_n = as_rows(y).index_select(0, to_device(rows));
+  at::Tensor h_n = as_rows(y).index_select(0, to_device_async(rows, y.device()));
   if (unstarted) {
-    const at::Tensor unstarted_rows = to_device((l == 0).nonzero().squeeze(1));
+    const at::Tensor unstarted_rows = to_device_async((l == 0).nonzero().squeeze(1), y.device());
     h_n.index_copy_(0, unstarted_rows, h0.index_select(0, unstarted_rows));
   }
   return h_n;
@@ -412,10 +411,9 @@ void check_status(const char* op, prnn_status_t status) {
   TORCH_CHECK(false, op, ": ", prnn_status_string(status), ": ", prnn_last_error());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor& grad_xp,
-                                                               const at::Tensor& y,
-                                                               const at::Tensor& h0,
-                                                               const at::Tensor& w_hh) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
+    const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths) {
   const int64_t T = grad_xp.size(0);
   if (T == 0) {
     return {grad_xp, at::zeros(h0.sizes(), h0.options()), at::zeros(w_hh.sizes(), w_hh.options())};
@@ -427,6 +425,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor&
   // on its first call (bench/NOTES.md step 33; at T = 1 K is the batch
   // again); the copy costs T B H elements.
   const at::Tensor prev = at::cat({h0.unsqueeze(0), y.slice(0, 0, T - 1)}, 0);
+  if (lengths.has_value()) {
+    // At step lengths[b] < T, prev holds the state sequence b ended with (h0
+    // at length 0), against a zero delta; 0 times a NaN or infinite state
+    // is NaN, and nn.RNN never multiplies that state again: zero its row.
+    // Past that step y, and so prev, is zero.
+    const int64_t B = y.size(1);
+    const at::Tensor l = lengths->contiguous();  // checked: host int64 in [0, T]
+    const int64_t* length = l.const_data_ptr<int64_t>();
+    std::vector<int64_t> ended;
+    for (int64_t b = 0; b < B; ++b)
+      if (length[b] < T) ended.push_back(length[b] * B + b);
+    if (!ended.empty()) {
+      const at::Tensor rows = at::tensor(ended, l.options());
+      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device()), 0);
+    }
+  }
   at::Tensor grad_w_hh = as_rows(grad_xp).t().mm(as_rows(prev));
   return {grad_xp, delta0.mm(w_hh), grad_w_hh};
 }

@@ -65,11 +65,15 @@ prnn_backward_args_t backward_args(const at::Tensor& grad_y, const at::Tensor& y
 void check_status(const char* op, prnn_status_t status);
 
 // The rest of prnn::backward from delta = grad_xp [T,B,H], on any device:
-//   grad_w_hh = sum_t delta_t^T s_{t-1} (s_{-1} = h0, s_t = y_t),  grad_h0 = delta_0 w_hh.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor& grad_xp,
-                                                               const at::Tensor& y,
-                                                               const at::Tensor& h0,
-                                                               const at::Tensor& w_hh);
+//   grad_w_hh = sum_t delta_t^T s_{t-1} (s_{-1} = h0, s_t = y_t; no term past a
+//   sequence's length),  grad_h0 = delta_0 w_hh.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
+    const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths);
+
+// A host tensor copied to `device` without blocking: a blocking copy would
+// wait for the kernels already queued on the stream.
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device);
 
 // h_n [batch, hidden], a tensor of its own (never a view of y): each
 // sequence's state after its last step, y[lengths[b] - 1, b] (y[steps - 1, b]

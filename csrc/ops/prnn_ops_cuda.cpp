@@ -105,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     check_status(op, prnn_backward_data_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                              current_stream()));
   }
-  return finish_backward(grad_xp, y, h0, w_hh);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths);
 }
 
 }  // namespace
