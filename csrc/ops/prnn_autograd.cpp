@@ -21,6 +21,13 @@ std::optional<at::Tensor> lengths_of(const at::Tensor& saved) {
   return saved.defined() ? std::optional<at::Tensor>(saved) : std::nullopt;
 }
 
+// Indices from the host lengths on `like`'s device. torch.compile traces this
+// code on fake tensors, so a plain copy rather than to_device_async's pinned
+// staging; prnn::backward's own copy of lengths waits for the stream next anyway.
+at::Tensor on_device_of(const at::Tensor& host, const at::Tensor& like) {
+  return host.to(host.options().device(like.device()), /*non_blocking=*/true);
+}
+
 // grad_y with grad_h_n added at each sequence's last step, where h_n copied
 // y (steps >= 1). A fresh tensor: grad_y may be autograd's own or stride 0.
 at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& grad_h_n,
@@ -34,7 +41,7 @@ at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& gra
   // A sequence of length 0 adds to its step 0, which the backward-data pass
   // ignores (past a length the deltas are zero whatever grad_y holds).
   const at::Tensor rows = final_state_rows(*lengths, y.sym_size(1));
-  as_rows(grad).index_put_({to_device_async(rows, y.device())}, grad_h_n, /*accumulate=*/true);
+  as_rows(grad).index_put_({on_device_of(rows, y)}, grad_h_n, /*accumulate=*/true);
   return grad;
 }
 
@@ -57,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_backward(
   } else if (grad_h_n.defined() && lengths.has_value()) {
     // Where a length is 0, h_n is h0 and the recurrence gave h0 no gradient.
     const at::Tensor unstarted = (*lengths == 0).unsqueeze(1);
-    grad_h0 = at::where(to_device_async(unstarted, y.device()), grad_h_n, grad_h0);
+    grad_h0 = at::where(on_device_of(unstarted, y), grad_h_n, grad_h0);
   }
   return {grad_xp, grad_h0, grad_w_hh};
 }

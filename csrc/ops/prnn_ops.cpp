@@ -204,7 +204,8 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(
 }
 
 at::Tensor to_device_async(const at::Tensor& host, c10::Device device) {
-  return host.to(host.options().device(device), /*non_blocking=*/true);
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(host.options().device(device), /*non_blocking=*/true);
 }
 
 at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch) {

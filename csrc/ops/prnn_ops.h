@@ -71,8 +71,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
     const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths);
 
-// A host tensor copied to `device` without blocking: a blocking copy would
-// wait for the kernels already queued on the stream.
+// A host tensor on `device` (itself on the CPU), copied without waiting for
+// the kernels queued on the stream: staged through pinned memory, as from
+// pageable memory the driver may wait for them; the caching host allocator
+// keeps the pinned buffer until the copy has run.
 at::Tensor to_device_async(const at::Tensor& host, c10::Device device);
 
 // h_n [batch, hidden], a tensor of its own (never a view of y): each
