@@ -36,8 +36,8 @@ def main():
 
         # against the projection as a GEMM and the recurrence alone (prnn::forward)
         xp = torch.nn.functional.linear(x, w_ih, b_ih + b_hh)
-        ref = torch.ops.prnn.forward(xp, h0, w_hh, None, "tanh").double()
-        err = ((call().double() - ref).norm() / ref.norm()).item()
+        ref = torch.ops.prnn.forward(xp, h0, w_hh, None, "tanh")[0].double()
+        err = ((call()[0].double() - ref).norm() / ref.norm()).item()
         gpu = median_ms(call, 50, before=lambda: torch.cuda._sleep(4_000_000))
         eager = median_ms(call, 50)
         print(f"fused_probe {dtype_name} B={batch} H={hidden} setting={setting} fused={fused}: GPU "

@@ -44,7 +44,7 @@ for T, B, H, dtype, with_lengths in CASES:
     h0 = torch.randn(B, H, device="cuda", dtype=dtype)
     w = (torch.rand(H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
     lengths = torch.randint(0, T + 1, (B,)) if with_lengths else None
-    y = torch.ops.prnn.forward(xp, h0, w, lengths, "tanh")
+    y, _ = torch.ops.prnn.forward(xp, h0, w, lengths, "tanh")
     torch.cuda.synchronize()  # a failure here is the forward's, not the backward's
     grads = torch.ops.prnn.backward(torch.randn_like(y), y, h0, w, lengths, "tanh")
     torch.cuda.synchronize()
@@ -70,7 +70,7 @@ for T, B, I, H, dtype, with_lengths in LAYER_CASES:
     h0 = torch.randn(B, H, device="cuda", dtype=dtype)
     w = (torch.rand(H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
     lengths = torch.randint(0, T + 1, (B,)) if with_lengths else None
-    y = torch.ops.prnn.layer(x, w_ih, b_ih, b_hh, h0, w, lengths, "tanh")
+    y, _ = torch.ops.prnn.layer(x, w_ih, b_ih, b_hh, h0, w, lengths, "tanh")
     torch.cuda.synchronize()
     print(f"layer T={T} B={B} I={I} H={H} {dtype} lengths={with_lengths} tier={plan['tier']} "
           f"fused={plan['fused_input_projection']}: finite={bool(torch.isfinite(y).all())}")

@@ -155,7 +155,8 @@ def assert_close(out, ref, dtype, what=""):
 
 class _ActivationWithGivenOutput(torch.autograd.Function):
     """act(pre) in the forward; in the backward, act' taken from a given y
-    (1 - y^2, or y > 0) instead of from the exact output."""
+    (1 - y^2, or relu's: 0 where y <= 0, else 1, NaN included, as torch's)
+    instead of from the exact output."""
 
     @staticmethod
     def forward(ctx, pre, y, nonlinearity):
@@ -166,7 +167,7 @@ class _ActivationWithGivenOutput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return grad * ((y > 0).to(grad.dtype) if ctx.relu else 1 - y * y), None, None
+        return grad * ((~(y <= 0)).to(grad.dtype) if ctx.relu else 1 - y * y), None, None
 
 
 def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_from=None):
@@ -194,6 +195,14 @@ def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_
             ys.append(new)
         h = new
     return torch.stack(ys)
+
+
+def reference_final_state(y, h0, lengths=None):
+    """h_n of prnn::forward / prnn::layer from their y: each sequence's state
+    after its last step (h0 where it has none)."""
+    if lengths is None:
+        return y[-1] if y.shape[0] > 0 else h0
+    return torch.stack([y[n - 1, b] if n > 0 else h0[b] for b, n in enumerate(lengths.tolist())])
 
 
 def layer_reference(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):

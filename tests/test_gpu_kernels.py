@@ -6,8 +6,8 @@ import torch
 
 import conftest
 import torch_prnn  # noqa: F401  (registers the ops)
-from conftest import (cluster_tier_available, layer_reference, poison_allocator, reference_forward, rel_err, run_python,
-                      run_threads)
+from conftest import (cluster_tier_available, layer_reference, poison_allocator, reference_final_state, reference_forward,
+                      rel_err, run_python, run_threads)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -35,7 +35,7 @@ def reference_backward(grad_y, y, h0, w, lengths, nonlinearity):
     zero past a length; then grad_h0 = delta_0 W and grad_W = sum_t delta_t^T h_{t-1}."""
     T, B, H = y.shape
     lens = lengths.to(y.device) if lengths is not None else torch.full((B,), T, device=y.device)
-    dact = (1 - y * y) if nonlinearity == "tanh" else (y > 0).double()
+    dact = (1 - y * y) if nonlinearity == "tanh" else (~(y <= 0)).double()  # relu': torch's, 1 at NaN
     carry, deltas = torch.zeros_like(h0), [None] * T
     for t in reversed(range(T)):
         d = dact[t] * (grad_y[t] + carry @ w)
@@ -61,11 +61,12 @@ def make_problem(T, B, H, dtype, nonlinearity="tanh", lengths=False, seed=0):
 
 def check_forward(T, B, H, dtype, nonlinearity, lengths=False, seed=0):
     xp, h0, w, lens = make_problem(T, B, H, dtype, nonlinearity, lengths, seed)
-    poison_allocator("cuda", dtype, (T, B, H))
-    y = torch.ops.prnn.forward(xp, h0, w, lens, nonlinearity)
+    poison_allocator("cuda", dtype, (T, B, H), (B, H))
+    y, h_n = torch.ops.prnn.forward(xp, h0, w, lens, nonlinearity)
     ref = reference_forward(xp.double(), h0.double(), w.double(), lens, nonlinearity)
     err = rel_err(y, ref)
     assert err < TOL[dtype], f"forward T={T} B={B} H={H} {dtype} {nonlinearity}: rel err {err:.3g}"
+    assert torch.equal(h_n, reference_final_state(y, h0, lens)), "h_n: not y's final state"
     return xp, h0, w, lens, y
 
 
@@ -256,12 +257,13 @@ def make_layer(T, B, I, H, dtype, bias=True, lengths=False, seed=0, aligned=Fals
 
 def check_layer(T, B, I, H, dtype, nonlinearity="tanh", bias=True, lengths=False, seed=0, aligned=False):
     args = make_layer(T, B, I, H, dtype, bias, lengths, seed, aligned)
-    poison_allocator("cuda", dtype, (T, B, H))
-    y = torch.ops.prnn.layer(*args, nonlinearity)
+    poison_allocator("cuda", dtype, (T, B, H), (B, H))
+    y, h_n = torch.ops.prnn.layer(*args, nonlinearity)
     ref = layer_reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args],
                           nonlinearity)
     err = rel_err(y, ref)
     assert err < TOL[dtype], f"layer T={T} B={B} I={I} H={H} {dtype} {nonlinearity}: rel err {err:.3g}"
+    assert torch.equal(h_n, reference_final_state(y, args[4], args[6])), "h_n: not y's final state"
     return args, y
 
 
@@ -345,13 +347,13 @@ def test_fused_layer_graph_streams_and_busy_gpu(dtype):
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_y = torch.ops.prnn.layer(static_x, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
+        static_outputs = torch.ops.prnn.layer(static_x, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
     for seed in range(3):
         fresh = make_layer(T, B, I, H, dtype, seed=61 + seed)[0]
         static_x.copy_(fresh)
         graph.replay()
         expected = torch.ops.prnn.layer(fresh, w_ih, b_ih, b_hh, h0, w_hh, None, "tanh")
-        torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
+        torch.testing.assert_close(static_outputs, expected, rtol=0, atol=0)  # y and h_n
 
     problems = [make_layer(200, B, I, H, dtype, seed=70 + i, aligned=i == 1) for i in range(2)]
     streams = [torch.cuda.Stream() for _ in problems]
@@ -359,7 +361,7 @@ def test_fused_layer_graph_streams_and_busy_gpu(dtype):
     outs = []
     for args, st in zip(problems, streams):
         with torch.cuda.stream(st):
-            outs.append(torch.ops.prnn.layer(*args, "tanh"))
+            outs.append(torch.ops.prnn.layer(*args, "tanh")[0])
     torch.cuda.synchronize()
     for args, y in zip(problems, outs):
         ref = layer_reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args], "tanh")
@@ -372,7 +374,7 @@ def test_fused_layer_graph_streams_and_busy_gpu(dtype):
             busy = busy @ busy
             busy = busy / busy.norm()
     args = problems[0]
-    y = torch.ops.prnn.layer(*args, "tanh")
+    y, _ = torch.ops.prnn.layer(*args, "tanh")
     torch.cuda.synchronize()
     torch.testing.assert_close(y, outs[0], rtol=0, atol=0)
 
@@ -430,7 +432,7 @@ def test_non_contiguous_inputs(dtype):
     w = w_big[1:H + 1, 2:H + 2]  # row stride H + 3
     h0 = h0[::2, :H]
     assert not xp.is_contiguous() and not w.is_contiguous()
-    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    y, _ = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     ref = reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")
     assert rel_err(y, ref) < TOL[dtype]
     grad_y = torch.randn(T, 1, H, device="cuda").to(dtype).expand(T, B, H)  # stride-0 batch
@@ -466,7 +468,7 @@ def test_cluster_weight_layouts(dtype, H, pitch, offset):
     w = buf[1:, offset:offset + H]
     w.copy_(w_dense)
     assert w.stride(0) == pitch and w.data_ptr() % 16 == (w.element_size() * offset) % 16
-    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    y, _ = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     ref = reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")
     assert rel_err(y, ref) < TOL[dtype], "forward"
     grad_y = torch.randn(T, B, H, device="cuda").to(dtype)
@@ -492,7 +494,7 @@ def test_cluster_grid_keeps_sequences_apart():
     xp, h0, w, _ = make_problem(T, B, H, torch.float32, "relu", seed=70)
     assert torch_prnn.plan(H, batch=B, device="cuda")["tier"] == "persistent_cluster_grid"
     xp[:, 1] = 3e38  # relu: sequence 1 overflows to inf by the second step
-    y = torch.ops.prnn.forward(xp, h0, w, None, "relu")
+    y, _ = torch.ops.prnn.forward(xp, h0, w, None, "relu")
     assert not torch.isfinite(y[-1, 1]).all()
     keep = [b for b in range(B) if b != 1]
     ref = reference_forward(xp[:, keep].double(), h0[keep].double(), w.double(), None, "relu")
@@ -517,13 +519,13 @@ def test_cuda_graph_capture_and_replay(H, B):
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_y = torch.ops.prnn.forward(static_xp, h0, w, None, "tanh")
+        static_outputs = torch.ops.prnn.forward(static_xp, h0, w, None, "tanh")
     for seed in range(3):
         fresh, _, _, _ = make_problem(T, B, H, torch.float32, seed=100 + seed)
         static_xp.copy_(fresh)
         graph.replay()
         expected = torch.ops.prnn.forward(fresh, h0, w, None, "tanh")
-        torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
+        torch.testing.assert_close(static_outputs, expected, rtol=0, atol=0)  # y and h_n
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
@@ -533,12 +535,12 @@ def test_graph_replay_loop_stays_correct():
     torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+        outputs = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     expected = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     for _ in range(2000):
         graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    torch.testing.assert_close(outputs, expected, rtol=0, atol=0)  # y and h_n
 
 
 @pytest.mark.hang_guard(120)  # conftest: a hang ends the run with tracebacks
@@ -553,7 +555,7 @@ def test_two_streams_at_once():
     for i, (prob, st) in enumerate(zip(problems, streams)):
         with torch.cuda.stream(st):
             xp, h0, w, _ = prob
-            outs[i] = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+            outs[i] = torch.ops.prnn.forward(xp, h0, w, None, "tanh")[0]
     torch.cuda.synchronize()
     for (xp, h0, w, _), y in zip(problems, outs):
         assert rel_err(y, reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")) < TOL[xp.dtype]
@@ -572,7 +574,7 @@ def test_beside_a_long_running_kernel(H, B):
         for _ in range(20):
             busy = busy @ busy
             busy = busy / busy.norm()
-    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    y, _ = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     torch.cuda.synchronize()
     assert rel_err(y, reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")) < 1e-5
 
@@ -587,7 +589,7 @@ def test_many_threads_share_the_op():
     def worker(xp, h0, w, _):
         with torch.cuda.stream(torch.cuda.Stream()):
             for _ in range(10):
-                y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+                y, _ = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
             torch.cuda.current_stream().synchronize()
         ref = reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")
         assert rel_err(y, ref) < 1e-5
@@ -597,12 +599,12 @@ def test_many_threads_share_the_op():
 
 def test_bitwise_deterministic():
     xp, h0, w, lens = make_problem(100, 5, 1024, torch.bfloat16, lengths=True, seed=50)
-    y1 = torch.ops.prnn.forward(xp, h0, w, lens, "tanh")
-    y2 = torch.ops.prnn.forward(xp, h0, w, lens, "tanh")
+    y1, h1 = torch.ops.prnn.forward(xp, h0, w, lens, "tanh")
+    y2, h2 = torch.ops.prnn.forward(xp, h0, w, lens, "tanh")
     g = torch.randn_like(y1)
     b1 = torch.ops.prnn.backward(g, y1, h0, w, lens, "tanh")
     b2 = torch.ops.prnn.backward(g, y2, h0, w, lens, "tanh")
-    assert torch.equal(y1, y2)
+    assert torch.equal(y1, y2) and torch.equal(h1, h2)
     for a, b in zip(b1, b2):
         assert torch.equal(a, b)
 
@@ -612,6 +614,6 @@ def test_second_gpu():
     with torch.cuda.device(1):
         xp, h0, w, _ = make_problem(50, 4, 1024, torch.float32, seed=60)
     xp, h0, w = (t.to("cuda:1") for t in (xp, h0, w))
-    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    y, _ = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     assert y.device == torch.device("cuda:1")
     assert rel_err(y, reference_forward(xp.double(), h0.double(), w.double(), None, "tanh")) < 1e-5

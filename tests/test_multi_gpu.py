@@ -69,8 +69,9 @@ def test_op_on_second_gpu_from_first(dtype):
     right numbers, outputs on cuda:1, the current device left alone."""
     torch.cuda.set_device(0)
     xp, h0, w = make_op_inputs(40, 4, 1024, dtype=dtype, device="cuda:1", requires_grad=True)
-    y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
-    assert y.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
+    y, h_n = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+    assert y.device == h_n.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
+    assert torch.equal(h_n, y[-1])
     grad_y = torch.randn_like(y)
     grads = torch.autograd.grad(y, [xp, h0, w], grad_y)
     assert torch.cuda.current_device() == 0
@@ -120,7 +121,7 @@ for dtype, hidden, batch, plan in chosen:
     w = ((torch.rand(hidden, hidden, device="cuda:1", generator=gen) * 2 - 1) * hidden ** -0.5).to(dtype)
     what = f"{dtype} H={hidden} B={batch} {plan['tier']} smem={plan['smem_bytes']}"
     try:
-        y = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
+        y, _ = torch.ops.prnn.forward(xp, h0, w, None, "tanh")
     except RuntimeError as e:
         print("FAILED", what, str(e).splitlines()[0])
         failed = True

@@ -20,8 +20,9 @@ def random_lengths(T, B):
 def check_against_reference(xp, h0, w, lengths, nonlinearity, dtype):
     """Forward values and the gradients of a random loss of y (grad_y is
     random, so every delta_t matters) against autograd through the loop."""
-    y = forward(xp, h0, w, lengths, nonlinearity)
+    y, h_n = forward(xp, h0, w, lengths, nonlinearity)
     assert y.dtype == dtype and y.shape == xp.shape and y.is_contiguous()
+    assert h_n.dtype == dtype and h_n.shape == h0.shape and h_n.is_contiguous()
     leaves = [t.detach().double().requires_grad_() for t in (xp, h0, w)]
     y_ref = reference_forward(*leaves, lengths, nonlinearity)
     assert_close(y, y_ref, dtype, "y")
@@ -64,8 +65,9 @@ def test_reduced_precision_cpu_is_float32_rounded_once(dtype, with_lengths):
     xp, h0, w = make_op_inputs(17, 3, 33, dtype, "cpu")
     lengths = random_lengths(17, 3) if with_lengths else None
     wide = [t.float() for t in (xp, h0, w)]
-    y = forward(xp, h0, w, lengths, "tanh")
-    assert torch.equal(y, forward(*wide, lengths, "tanh").to(dtype))
+    y, h_n = forward(xp, h0, w, lengths, "tanh")
+    y_wide, h_n_wide = forward(*wide, lengths, "tanh")
+    assert torch.equal(y, y_wide.to(dtype)) and torch.equal(h_n, h_n_wide.to(dtype))
     grad_y = torch.randn(17, 3, 33).to(dtype)
     grads = backward(grad_y, y, h0, w, lengths, "tanh")
     grads_wide = backward(grad_y.float(), y.float(), wide[1], wide[2], lengths, "tanh")
@@ -89,7 +91,7 @@ def test_strided_inputs(device):
         check_against_reference(*args, None, "tanh", torch.float64)
     # grad_y of y.sum() is a stride-0 expansion.
     xp, h0, w = make_op_inputs(T, B, H, device=device, requires_grad=True)
-    grads = torch.autograd.grad(forward(xp, h0, w, None, "tanh").sum(), (xp, h0, w))
+    grads = torch.autograd.grad(forward(xp, h0, w, None, "tanh")[0].sum(), (xp, h0, w))
     grads_ref = torch.autograd.grad(reference_forward(xp, h0, w).sum(), (xp, h0, w))
     for g, g_ref in zip(grads, grads_ref):
         assert_close(g, g_ref, torch.float64)
@@ -100,8 +102,10 @@ def test_lengths_semantics():
     leaves h0 untouched and sends no gradient to it through the op."""
     xp, h0, w = make_op_inputs(4, 3, 5, requires_grad=True)
     lengths = torch.tensor([4, 2, 0])
-    y = forward(xp, h0, w, lengths, "tanh")
+    y, h_n = forward(xp, h0, w, lengths, "tanh")
     assert (y[2:, 1] == 0).all() and (y[:, 2] == 0).all() and (y[:2, 1] != 0).all()
+    # h_n: the last valid step's state, h0 itself where there is none.
+    assert torch.equal(h_n, torch.stack([y[3, 0], y[1, 1], h0[2]]))
     grad_xp, grad_h0, _ = torch.autograd.grad(y, (xp, h0, w), torch.ones_like(y))
     assert (grad_xp[2:, 1] == 0).all() and (grad_xp[:, 2] == 0).all()
     assert (grad_h0[2] == 0).all() and (grad_h0[:2] != 0).all()
@@ -113,7 +117,7 @@ def test_opcheck(device, with_lengths):
     lengths = random_lengths(4, 3) if with_lengths else None
     xp, h0, w = make_op_inputs(4, 3, 5, torch.float32, device, requires_grad=True)
     torch.library.opcheck(forward, (xp, h0, w, lengths, "relu"))
-    y = forward(xp, h0, w, lengths, "relu").detach()
+    y = forward(xp, h0, w, lengths, "relu")[0].detach()
     # Inputs without grad: prnn::backward is not differentiable (see test_double_backward).
     torch.library.opcheck(
         backward, (torch.randn_like(y), y, h0.detach(), w.detach(), lengths, "relu")
@@ -131,16 +135,20 @@ def test_gradcheck(with_lengths, nonlinearity):
 
 
 def check_grad_of_one_input(op, leaves, index, name, device):
-    """Only leaves[index] requires grad: op's output is still recorded, and
+    """Only leaves[index] requires grad: op's outputs are still recorded, and
     that input's gradient is the one computed with all inputs requiring grad."""
     gen = torch.Generator().manual_seed(3)
     weights = torch.randn(4, 3, 5, generator=gen, dtype=torch.float64).to(device)
+
+    def loss(y, h_n):
+        return (y * weights).sum() + (h_n * weights[0]).sum()
+
     everything = [t.clone().requires_grad_() for t in leaves]
-    expected = torch.autograd.grad((op(*everything) * weights).sum(), everything)[index]
+    expected = torch.autograd.grad(loss(*op(*everything)), everything)[index]
     one = [t.clone().requires_grad_(i == index) for i, t in enumerate(leaves)]
-    y = op(*one)
-    assert y.requires_grad, f"only {name} requires grad, but the output was not recorded"
-    (got,) = torch.autograd.grad((y * weights).sum(), one[index])
+    y, h_n = op(*one)
+    assert y.requires_grad and h_n.requires_grad, f"only {name} requires grad, but the outputs were not recorded"
+    (got,) = torch.autograd.grad(loss(y, h_n), one[index])
     assert_close(got, expected, torch.float64, f"grad {name}")
 
 
@@ -160,7 +168,7 @@ def test_lengths_changed_before_backward_raises():
     in between is autograd's error, not a gradient for the wrong lengths."""
     xp, h0, w = make_op_inputs(4, 3, 5, requires_grad=True)
     lengths = torch.tensor([4, 2, 3])
-    y = forward(xp, h0, w, lengths, "tanh")
+    y, _ = forward(xp, h0, w, lengths, "tanh")
     lengths.fill_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(y.sum(), xp)
@@ -187,7 +195,7 @@ def test_raw_op_under_func_forward_transforms_raises(device, transform):
     """torch.func's forward-mode transforms on the raw op: a clear error, not
     zero tangents (the module refuses all of torch.func's autodiff itself)."""
     xp, h0, w = make_op_inputs(3, 2, 4, device=device)
-    f = lambda a: forward(a, h0, w, None, "tanh")  # noqa: E731
+    f = lambda a: forward(a, h0, w, None, "tanh")[0]  # noqa: E731
     call = {
         "jvp": lambda: torch.func.jvp(f, (xp,), (torch.ones_like(xp),)),
         "jacfwd": lambda: torch.func.jacfwd(lambda a: f(a).sum())(xp),
@@ -198,7 +206,7 @@ def test_raw_op_under_func_forward_transforms_raises(device, transform):
 
 def test_double_backward_raises():
     xp, h0, w = make_op_inputs(3, 2, 4, requires_grad=True)
-    (grad_xp,) = torch.autograd.grad(forward(xp, h0, w, None, "tanh").sum(), xp, create_graph=True)
+    (grad_xp,) = torch.autograd.grad(forward(xp, h0, w, None, "tanh")[0].sum(), xp, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward .* is not supported"):
         grad_xp.sum().backward()
 
@@ -206,19 +214,19 @@ def test_double_backward_raises():
 @pytest.mark.parametrize("device", devices)
 def test_empty(device):
     xp, h0, w = make_op_inputs(3, 2, 4, device=device, requires_grad=True)
-    # T == 0: empty y; the gradients of h0 and w_hh are zeros.
-    y = forward(xp[:0], h0, w, None, "tanh")
-    assert y.shape == (0, 2, 4)
+    # T == 0: empty y, h_n = h0; the gradients of h0 and w_hh through y are zeros.
+    y, h_n = forward(xp[:0], h0, w, None, "tanh")
+    assert y.shape == (0, 2, 4) and torch.equal(h_n, h0)
     grads = torch.autograd.grad(y, (xp, h0, w), torch.ones_like(y))
     assert grads[0].shape == (3, 2, 4) and all((g == 0).all() for g in grads)
     # B == 0: empty y and grad_h0; a zero w_hh gradient.
-    y = forward(xp[:, :0], h0[:0], w, torch.zeros(0, dtype=torch.long), "tanh")
-    assert y.shape == (3, 0, 4)
+    y, h_n = forward(xp[:, :0], h0[:0], w, torch.zeros(0, dtype=torch.long), "tanh")
+    assert y.shape == (3, 0, 4) and h_n.shape == (0, 4)
     grad_w = torch.autograd.grad(y, w, torch.ones_like(y))[0]
     assert grad_w.shape == (4, 4) and (grad_w == 0).all()
     # H == 0: empty y; empty gradients of the right shapes.
-    y = forward(xp[..., :0], h0[:, :0], w[:0, :0], None, "tanh")
-    assert y.shape == (3, 2, 0)
+    y, h_n = forward(xp[..., :0], h0[:, :0], w[:0, :0], None, "tanh")
+    assert y.shape == (3, 2, 0) and h_n.shape == (2, 0)
     grads = torch.autograd.grad(y, (xp, h0, w), torch.ones_like(y))
     assert [tuple(g.shape) for g in grads] == [(3, 2, 4), (2, 4), (4, 4)]
 
@@ -231,10 +239,10 @@ def test_layer_empty(device, bias, sizes):
     gradients of every input's shape (zero wherever nothing flows)."""
     T, B, I, H = sizes
     inputs = [t.requires_grad_() if t is not None else None for t in make_layer_inputs(T, B, I, H, device=device, bias=bias)]
-    y = layer(*inputs, None, "tanh")
-    assert y.shape == (T, B, H)
+    y, h_n = layer(*inputs, None, "tanh")
+    assert y.shape == (T, B, H) and h_n.shape == (B, H)
     present = [t for t in inputs if t is not None]
-    grads = torch.autograd.grad(y, present, torch.ones_like(y), allow_unused=True)
+    grads = torch.autograd.grad((y, h_n), present, (torch.ones_like(y), torch.ones_like(h_n)), allow_unused=True)
     for t, g in zip(present, grads):
         assert g is None or g.shape == t.shape
 
@@ -274,7 +282,7 @@ def test_bad_forward_args(device, change, error, message):
     bad = {k: change[k](v) if k in change else v for k, v in good.items()}
     with pytest.raises(error, match=message):
         forward(*bad.values())
-    y = forward(*good.values())  # still works
+    y, _ = forward(*good.values())  # still works
     assert_close(y, reference_forward(*list(good.values())[:4]), torch.float32)
     if device == "cuda":
         torch.cuda.synchronize()  # an error the bad call left in the context surfaces here
@@ -303,7 +311,7 @@ BAD_BACKWARD_ARGS = [
 def test_bad_backward_args(device, change, error, message):
     xp, h0, w = make_op_inputs(4, 3, 5, torch.float32, device)
     lengths = torch.tensor([4, 2, 1])
-    y = forward(xp, h0, w, lengths, "tanh")
+    y, _ = forward(xp, h0, w, lengths, "tanh")
     good = dict(grad_y=torch.randn_like(y), y=y, h0=h0, w_hh=w, lengths=lengths, nonlinearity="tanh")
     bad = {k: change[k](v) if k in change else v for k, v in good.items()}
     with pytest.raises(error, match=message):
@@ -346,8 +354,9 @@ def test_layer_matches_reference(device, dtype, bias, with_lengths, T, B, I, H):
     inputs = make_layer_inputs(T, B, I, H, dtype, device, bias, batch_first_x=True)
     lengths = random_lengths(T, B) if with_lengths else None
     leaves = [t.requires_grad_() if t is not None else None for t in inputs]
-    y = layer(*leaves, lengths, "tanh")
+    y, h_n = layer(*leaves, lengths, "tanh")
     assert y.dtype == dtype and y.shape == (T, B, H) and y.is_contiguous()
+    assert h_n.dtype == dtype and h_n.shape == (B, H) and h_n.is_contiguous()
     ref_leaves = [t.detach().double().requires_grad_() if t is not None else None for t in inputs]
     y_ref = layer_reference(*ref_leaves, lengths, "tanh")
     assert_close(y, y_ref, dtype, "y")
@@ -420,7 +429,7 @@ def test_bad_layer_args(device, change, message):
     bad = {k: change[k](v) if k in change else v for k, v in good.items()}
     with pytest.raises(RuntimeError, match=message):
         layer(*bad.values(), None, "tanh")
-    y = layer(*good.values(), None, "tanh")  # still works
+    y, _ = layer(*good.values(), None, "tanh")  # still works
     expected = layer_reference(*[t.double() for t in good.values()], None, "tanh")
     assert_close(y, expected, torch.float32)
     if device == "cuda":

@@ -25,7 +25,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
 from conftest import (
-    assert_close, make_op_inputs, needs_cuda, poison_allocator, reference_forward, run_threads, twins,
+    assert_close, make_op_inputs, needs_cuda, poison_allocator, reference_final_state, reference_forward,
+    run_threads, twins,
 )
 from test_module import as_reference, check_parity
 
@@ -337,14 +338,14 @@ def test_op_none_for_a_tensor(device, name):
     xp, h0, w = make_op_inputs(4, 3, 7, torch.float32, device)
     args = {"xp": xp, "h0": h0, "w_hh": w}
     if name == "grad_y":
-        y = forward(xp, h0, w, None, "tanh")
+        y, _ = forward(xp, h0, w, None, "tanh")
         with pytest.raises(RuntimeError, match=r"^prnn::backward: grad_y must be a tensor, got None"):
             backward(None, y, h0, w, None, "tanh")
     else:
         args[name] = None
         with pytest.raises(RuntimeError, match=rf"^prnn::forward: {name} must be a tensor, got None"):
             forward(args["xp"], args["h0"], args["w_hh"], None, "tanh")
-    assert_close(forward(xp, h0, w, None, "tanh"), reference_forward(xp, h0, w), torch.float32)
+    assert_close(forward(xp, h0, w, None, "tanh")[0], reference_forward(xp, h0, w), torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -463,7 +464,7 @@ def test_nan_past_lengths_is_never_read(device, dtype, nonlinearity):
     w = ((torch.rand(H, H, device=device) * 2 - 1) * H**-0.5).to(dtype)
     grad_y = torch.randn(T, B, H, device=device).to(dtype)
     leaves = [xp.masked_fill(dead.unsqueeze(-1), NAN).requires_grad_(), h0.requires_grad_(), w.requires_grad_()]
-    y = forward(*leaves, lengths, nonlinearity)
+    y, _ = forward(*leaves, lengths, nonlinearity)
     grads = torch.autograd.grad(y, leaves, grad_y.masked_fill(dead.unsqueeze(-1), NAN))
     # The reference sees finite padding: the op must not care what is there.
     ref_leaves = [t.detach().double().requires_grad_() for t in (xp, h0, w)]
@@ -494,7 +495,7 @@ def test_misaligned_op_arguments(device, dtype, which, T, B, H):
     lengths = torch.tensor([T] + [max(0, T - 1 - i) for i in range(B - 1)])
     args = {"xp": xp, "h0": h0, "w_hh": w}
     args = {k: misaligned(v) if which in (k, "all") else v for k, v in args.items()}
-    y = forward(*args.values(), lengths, "tanh")
+    y, _ = forward(*args.values(), lengths, "tanh")
     y_arg = misaligned(y) if which in ("y", "all") else y
     g_arg = misaligned(grad_y) if which in ("grad_y", "all") else grad_y
     grads = backward(g_arg, y_arg, args["h0"], args["w_hh"], lengths, "tanh")
@@ -588,7 +589,7 @@ def test_beyond_every_tier_names_the_limit(dtype):
         backward(torch.randn_like(y), y, h0, w, torch.tensor([1]), "tanh")
     torch.cuda.synchronize()
     xp, h0, w = make_op_inputs(5, 2, 1024, dtype, "cuda")
-    assert_close(forward(xp, h0, w, None, "tanh"), reference_forward(xp, h0, w), dtype, "a good call")
+    assert_close(forward(xp, h0, w, None, "tanh")[0], reference_forward(xp, h0, w), dtype, "a good call")
     torch.cuda.synchronize()
 
 
@@ -610,7 +611,7 @@ def test_too_many_steps_names_the_limit():
     finally:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    assert_close(forward(xp[:5], h0, w, None, "tanh"), reference_forward(xp[:5], h0, w), torch.bfloat16)
+    assert_close(forward(xp[:5], h0, w, None, "tanh")[0], reference_forward(xp[:5], h0, w), torch.bfloat16)
 
 
 # ---- 2. randomized differential testing ------------------------------------
@@ -819,18 +820,20 @@ def run_op_case(c):
     grads = None
     if c.path == "forward":
         with torch.no_grad():
-            y = forward(xp, h0, w, lengths, c.nonlinearity)
+            y, h_n = forward(xp, h0, w, lengths, c.nonlinearity)
     elif c.path == "autograd":
         leaves = [t.detach().requires_grad_() for t in (xp, h0, w)]
-        y = forward(*leaves, lengths, c.nonlinearity)
+        y, h_n = forward(*leaves, lengths, c.nonlinearity)
         grads = torch.autograd.grad(y, leaves, placed["grad_y"][0])
     else:
-        y = forward(xp, h0, w, lengths, c.nonlinearity)
+        y, h_n = forward(xp, h0, w, lengths, c.nonlinearity)
         y_arg = _like(y, lay["y"])
         grads = backward(placed["grad_y"][0], y_arg, h0, w, lengths, c.nonlinearity)
     sync(c.device)
 
     assert y.dtype == c.dtype and y.shape == (T, B, H) and y.is_contiguous(), "y: dtype, shape or layout"
+    assert h_n.dtype == c.dtype and h_n.shape == (B, H) and h_n.is_contiguous(), "h_n: dtype, shape or layout"
+    assert torch.equal(_bits(h_n), _bits(reference_final_state(y, h0, lengths))), "h_n: not y's final state"
     dead = None if lengths is None else (torch.arange(T).unsqueeze(1) >= lengths).to(c.device)
     if dead is not None:
         assert (y[dead] == 0).all(), "y: not zero past a length"

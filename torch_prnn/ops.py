@@ -30,7 +30,13 @@ def _check_devices(op, x_name, x, others, lengths):
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
     _check_devices("prnn::forward", "xp", xp, (("h0", h0), ("w_hh", w_hh)), lengths)
-    return xp.new_empty(xp.shape)  # contiguous, like the real y
+    return _outputs(xp, xp.shape[0], xp.shape[1], xp.shape[2])
+
+
+def _outputs(like, steps, batch, hidden):
+    """y [steps, batch, hidden] and h_n [batch, hidden]: two contiguous
+    tensors, as the real kernels return them."""
+    return like.new_empty((steps, batch, hidden)), like.new_empty((batch, hidden))
 
 
 @torch.library.register_fake("prnn::layer")
@@ -60,7 +66,7 @@ def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
         lambda: f"prnn::layer: h0 must be [batch={batch}, hidden={hidden}] and w_hh "
         f"[hidden, hidden], got {list(h0.shape)} and {list(w_hh.shape)}",
     )
-    return x.new_empty((steps, batch, hidden))  # contiguous, like the real y
+    return _outputs(x, steps, batch, hidden)
 
 
 @torch.library.register_fake("prnn::backward")

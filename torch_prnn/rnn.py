@@ -219,7 +219,7 @@ class PersistentRNN(nn.Module):
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
-        flip, last = _time_indices(lengths, steps, x.device)
+        flip = _time_indices(lengths, steps, x.device)
         h_n = []
         layer_input = x
         for layer in range(self.num_layers):
@@ -228,13 +228,12 @@ class PersistentRNN(nn.Module):
             outputs = []
             for direction in range(num_directions):
                 index = layer * num_directions + direction
-                y, h = self._layer(
-                    layer_input, hx[index], index, direction == 1, lengths, flip, last
-                )
+                y, h = self._layer(layer_input, hx[index], index, direction == 1, lengths, flip)
                 outputs.append(y)
                 h_n.append(h)
             layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
-        output, h_n = layer_input, torch.stack(h_n)
+        # One layer's h_n is already a tensor of its own: a view, not a copy.
+        output, h_n = layer_input, h_n[0].unsqueeze(0) if len(h_n) == 1 else torch.stack(h_n)
 
         if packed:
             output = PackedSequence(
@@ -281,24 +280,25 @@ class PersistentRNN(nn.Module):
             for name in self._all_weights[index]
         ]
 
-    def _layer(self, x, h0, index, reverse, lengths, flip, last):
+    def _layer(self, x, h0, index, reverse, lengths, flip):
         """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
         w_ih, w_hh, *biases = self._weights(index)
+        # h_n comes from the op: each sequence's state after its last step in
+        # processing order (in reverse, after its first step in time).
         if reverse:
             # The projection of x itself, then reversed: its autograd keeps x,
             # which the forward direction keeps too, where prnn::layer on a
             # reversed x would keep a reversed copy of it.
-            xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
-            y = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
+            # b_ih + b_hh written as b_ih - (-1) b_hh: one op like the sum, but
+            # its backward gives b_hh a gradient tensor of its own (the sum's
+            # hands both biases one, which in-place use of either changes twice).
+            bias = torch.sub(biases[0], biases[1], alpha=-1) if biases else None
+            xp = F.linear(x, w_ih, bias)
+            y, h_n = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
         else:
             # All steps' input projections in one GEMM, then the recurrence: one op.
             b_ih, b_hh = biases if biases else (None, None)
-            y = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
-        # The state after each sequence's last step (in processing order).
-        if last is None:
-            h_n = y[-1]
-        else:
-            h_n = y.gather(0, last.expand(1, -1, y.shape[2])).squeeze(0)
+            y, h_n = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         return (_flip(y, flip) if reverse else y), h_n
 
 
@@ -342,13 +342,12 @@ def _pad(data: Tensor, batch_sizes: Tensor):
 
 def _time_indices(lengths: Tensor | None, steps: int, device):
     """For packed input: the step index [T,B,1] that reverses each sequence
-    within its length (padding stays in place), and each sequence's last step
-    [1,B,1] (packed lengths are >= 1). None, None without lengths."""
+    within its length (padding stays in place). None without lengths."""
     if lengths is None:
-        return None, None
+        return None
     t = torch.arange(steps).unsqueeze(1)
     flip = torch.where(t < lengths, lengths - 1 - t, t)
-    return flip.unsqueeze(-1).to(device), (lengths - 1).view(1, -1, 1).to(device)
+    return flip.unsqueeze(-1).to(device)
 
 
 def _flip(x: Tensor, flip: Tensor | None) -> Tensor:

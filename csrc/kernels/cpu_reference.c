@@ -75,7 +75,8 @@
           continue;                                                                     \
         }                                                                               \
         for (j = 0; j < H; ++j) {                                                       \
-          const real dact = relu ? (real)(yb[j] > 0) : 1 - yb[j] * yb[j];               \
+          /* relu': 0 where y <= 0, else 1 (NaN too), as torch's relu backward */       \
+          const real dact = relu ? (real)!(yb[j] <= 0) : 1 - yb[j] * yb[j];             \
           outb[j] = db[j] = dact * (gyb[j] + gb[j]);                                    \
         }                                                                               \
         if (t == 0) continue; /* W^T delta_0 is grad_h0: the caller's GEMM */           \

@@ -73,10 +73,11 @@ __device__ __forceinline__ float activate<float>(int activation, float x) {
   return tanhf(x);
 }
 
-/* act'(x) written in terms of y = act(x). */
+/* act'(x) written in terms of y = act(x). relu's is 0 where y <= 0 and 1
+ * elsewhere, NaN included, as torch's relu backward passes the gradient. */
 template <typename A>
 __device__ __forceinline__ A activation_grad(int activation, A y) {
-  if (activation == PRNN_ACT_RELU) return y > A(0) ? A(1) : A(0);
+  if (activation == PRNN_ACT_RELU) return y <= A(0) ? A(0) : A(1);
   return A(1) - y * y;
 }
 

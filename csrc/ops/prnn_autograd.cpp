@@ -19,15 +19,67 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+std::optional<at::Tensor> lengths_of(const at::Tensor& saved) {
+  return saved.defined() ? std::optional<at::Tensor>(saved) : std::nullopt;
+}
+
+// Indices from the host lengths on `like`'s device. torch.compile traces this
+// code on fake tensors, so a plain copy rather than to_device_async's pinned
+// staging; prnn::backward's own copy of lengths waits for the stream next anyway.
+at::Tensor on_device_of(const at::Tensor& host, const at::Tensor& like) {
+  return host.to(host.options().device(like.device()), /*non_blocking=*/true);
+}
+
+// grad_y with grad_h_n added at each sequence's last step, where h_n copied
+// y (steps >= 1). A fresh tensor: grad_y may be autograd's own or stride 0.
+at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& grad_h_n,
+                                 const at::Tensor& y, const std::optional<at::Tensor>& lengths) {
+  at::Tensor grad = grad_y.defined() ? grad_y.clone(at::MemoryFormat::Contiguous)
+                                     : at::zeros_symint(y.sym_sizes(), y.options());
+  if (!lengths.has_value()) {
+    grad.select_symint(0, y.sym_size(0) - 1).add_(grad_h_n);
+    return grad;
+  }
+  // A sequence of length 0 adds to its step 0, which the backward-data pass
+  // ignores (past a length the deltas are zero whatever grad_y holds).
+  const at::Tensor rows = final_state_rows(*lengths, y.sym_size(1));
+  as_rows(grad).index_put_({on_device_of(rows, y)}, grad_h_n, /*accumulate=*/true);
+  return grad;
+}
+
+// prnn::backward for the gradients of both outputs of prnn::forward and
+// prnn::layer, y and h_n (undefined where the loss does not use one). h_n's
+// gradient joins y's at each sequence's last step, or goes to h0's where a
+// sequence has no step. Returns grad_xp, grad_h0, grad_w_hh.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_backward(
+    const at::Tensor& grad_y, const at::Tensor& grad_h_n, const at::Tensor& y, const at::Tensor& h0,
+    const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+    c10::string_view nonlinearity) {
+  if (!grad_y.defined() && !grad_h_n.defined()) return {};
+  const bool has_steps = y.sym_size(0) != 0;
+  at::Tensor grad = grad_h_n.defined() && has_steps
+                        ? with_final_state_grad(grad_y, grad_h_n, y, lengths)
+                        : grad_y.defined() ? grad_y : at::zeros_symint(y.sym_sizes(), y.options());
+  auto [grad_xp, grad_h0, grad_w_hh] = call_backward(grad, y, h0, w_hh, lengths, nonlinearity);
+  if (grad_h_n.defined() && !has_steps) {
+    grad_h0 = grad_h0 + grad_h_n;
+  } else if (grad_h_n.defined() && lengths.has_value()) {
+    // Where a length is 0, h_n is h0 and the recurrence gave h0 no gradient.
+    const at::Tensor unstarted = (*lengths == 0).unsqueeze(1);
+    grad_h0 = at::where(on_device_of(unstarted, y), grad_h_n, grad_h0);
+  }
+  return {grad_xp, grad_h0, grad_w_hh};
+}
+
 class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& xp, const at::Tensor& h0,
-                            const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                            c10::string_view nonlinearity) {
-    at::Tensor y;
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& xp, const at::Tensor& h0,
+                               const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                               c10::string_view nonlinearity) {
+    at::Tensor y, h_n;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      y = call_forward(xp, h0, w_hh, lengths, nonlinearity);
+      std::tie(y, h_n) = call_forward(xp, h0, w_hh, lengths, nonlinearity);
     }
     // y, not xp: the backward needs the states, which nn.RNN keeps too.
     // lengths as a saved tensor (undefined when absent), so that changing it
@@ -35,16 +87,15 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
     // see it, as they did with the Python registration.
     ctx->save_for_backward({h0, w_hh, y, lengths.value_or(at::Tensor())});
     ctx->saved_data["nonlinearity"] = std::string(nonlinearity);
-    return y;
+    ctx->set_materialize_grads(false);  // a loss on y or h_n alone: no zeros for the other
+    return {y, h_n};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();  // h0, w_hh, y, lengths
-    const std::optional<at::Tensor> lengths =
-        saved[3].defined() ? std::optional<at::Tensor>(saved[3]) : std::nullopt;
     auto [grad_xp, grad_h0, grad_w_hh] =
-        call_backward(grads[0], saved[2], saved[0], saved[1], lengths,
-                      ctx->saved_data["nonlinearity"].toStringRef());
+        recurrence_backward(grads[0], grads[1], saved[2], saved[0], saved[1], lengths_of(saved[3]),
+                            ctx->saved_data["nonlinearity"].toStringRef());
     // One gradient per forward argument: lengths and nonlinearity have none.
     return {grad_xp, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
   }
@@ -53,15 +104,15 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
 // prnn::forward's autograd plus the input projection's (xp = x w_ih^T + b_ih + b_hh).
 class LayerFunction : public torch::autograd::Function<LayerFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w_ih,
-                            const std::optional<at::Tensor>& b_ih,
-                            const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-                            const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                            c10::string_view nonlinearity) {
-    at::Tensor y;
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w_ih,
+                               const std::optional<at::Tensor>& b_ih,
+                               const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
+                               const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                               c10::string_view nonlinearity) {
+    at::Tensor y, h_n;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      y = call_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+      std::tie(y, h_n) = call_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
     }
     // What nn.RNN's autograd keeps: the input (for w_ih's gradient) and the
     // states, not xp. x itself, not its rows: a view made below autograd has
@@ -69,26 +120,34 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
     ctx->save_for_backward({x, w_ih, h0, w_hh, y, lengths.value_or(at::Tensor())});
     ctx->saved_data["nonlinearity"] = std::string(nonlinearity);
     ctx->saved_data["has_bias"] = b_ih.has_value();
-    return y;
+    ctx->set_materialize_grads(false);
+    return {y, h_n};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();  // x, w_ih, h0, w_hh, y, lengths
-    const at::Tensor &x = saved[0], &w_ih = saved[1], &y = saved[4];
-    const std::optional<at::Tensor> lengths =
-        saved[5].defined() ? std::optional<at::Tensor>(saved[5]) : std::nullopt;
+    const at::Tensor &x = saved[0], &w_ih = saved[1];
     auto [grad_xp, grad_h0, grad_w_hh] =
-        call_backward(grads[0], y, saved[2], saved[3], lengths,
-                      ctx->saved_data["nonlinearity"].toStringRef());
+        recurrence_backward(grads[0], grads[1], saved[4], saved[2], saved[3], lengths_of(saved[5]),
+                            ctx->saved_data["nonlinearity"].toStringRef());
     // Autograd's edges are the tensor arguments present: x, w_ih, [b_ih, b_hh,] h0, w_hh.
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const at::Tensor rows = as_rows(grad_xp);  // [T*B, H]
-    at::Tensor grad_x, grad_w_ih, grad_b;
-    if (ctx->needs_input_grad(0)) grad_x = rows.mm(w_ih).view_symint(x.sym_sizes());
-    if (ctx->needs_input_grad(1)) grad_w_ih = rows.t().mm(as_rows(x));
-    if (has_bias && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3))) grad_b = rows.sum(0);
+    at::Tensor grad_x, grad_w_ih, grad_b_ih, grad_b_hh;
+    if (grad_xp.defined()) {
+      const at::Tensor rows = as_rows(grad_xp);  // [T*B, H]
+      if (ctx->needs_input_grad(0)) grad_x = rows.mm(w_ih).view_symint(x.sym_sizes());
+      if (ctx->needs_input_grad(1)) grad_w_ih = rows.t().mm(as_rows(x));
+      const bool ih = has_bias && ctx->needs_input_grad(2), hh = has_bias && ctx->needs_input_grad(3);
+      if (ih || hh) {
+        // The same values, but a tensor for each bias, as nn.RNN gives them:
+        // clip_grad_norm_ or GradScaler.unscale_ changes each in place.
+        const at::Tensor grad_b = rows.sum(0);
+        if (ih) grad_b_ih = grad_b;
+        if (hh) grad_b_hh = ih ? grad_b.clone() : grad_b;
+      }
+    }
     // One gradient per forward argument: lengths and nonlinearity have none.
-    return {grad_x, grad_w_ih, grad_b, grad_b, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
+    return {grad_x, grad_w_ih, grad_b_ih, grad_b_hh, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -175,23 +234,24 @@ bool records_graph(std::initializer_list<const at::Tensor*> inputs) {
   return false;
 }
 
-at::Tensor forward_autograd(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                            const std::optional<at::Tensor>& lengths,
-                            c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor& xp, const at::Tensor& h0,
+                                                    const at::Tensor& w_hh,
+                                                    const std::optional<at::Tensor>& lengths,
+                                                    c10::string_view nonlinearity) {
   refuse_forward_ad("prnn::forward", {&xp, &h0, &w_hh});
   if (!records_graph({&xp, &h0, &w_hh})) {
     // Nothing to record (inference, no_grad): straight to the kernel.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_forward(xp, h0, w_hh, lengths, nonlinearity);
   }
-  return ForwardFunction::apply(xp, h0, w_hh, lengths, nonlinearity);
+  const variable_list outputs = ForwardFunction::apply(xp, h0, w_hh, lengths, nonlinearity);
+  return {outputs[0], outputs[1]};
 }
 
-at::Tensor layer_autograd(const at::Tensor& x, const at::Tensor& w_ih,
-                          const std::optional<at::Tensor>& b_ih,
-                          const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-                          const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                          c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> layer_autograd(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
   static const at::Tensor none;
   const at::Tensor* bi = b_ih.has_value() ? &*b_ih : &none;
   const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
@@ -200,7 +260,9 @@ at::Tensor layer_autograd(const at::Tensor& x, const at::Tensor& w_ih,
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   }
-  return LayerFunction::apply(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+  const variable_list outputs =
+      LayerFunction::apply(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+  return {outputs[0], outputs[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_autograd(

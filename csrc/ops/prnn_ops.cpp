@@ -8,6 +8,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <vector>
@@ -96,18 +97,20 @@ bool is_reduced_precision(const at::Tensor& t) {
 // The CPU reference computes in float32 or float64: float16 and bfloat16 are
 // upcast to float32 and the results cast back.
 
-at::Tensor forward_cpu(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                       const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& xp, const at::Tensor& h0,
+                                               const at::Tensor& w_hh,
+                                               const std::optional<at::Tensor>& lengths,
+                                               c10::string_view nonlinearity) {
   const char* op = "prnn::forward";
   const prnn_problem_t problem = check_forward(xp, h0, w_hh, lengths, nonlinearity);
   if (is_reduced_precision(xp)) {
-    return forward_cpu(xp.to(at::kFloat), h0.to(at::kFloat), w_hh.to(at::kFloat), lengths,
-                       nonlinearity)
-        .to(xp.scalar_type());
+    const auto [y, h_n] = forward_cpu(xp.to(at::kFloat), h0.to(at::kFloat), w_hh.to(at::kFloat),
+                                      lengths, nonlinearity);
+    return {y.to(xp.scalar_type()), h_n.to(xp.scalar_type())};
   }
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
-  if (is_empty(problem)) return y;
+  if (is_empty(problem)) return {y, final_state(y, h0, lengths)};
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
@@ -116,7 +119,7 @@ at::Tensor forward_cpu(const at::Tensor& xp, const at::Tensor& h0, const at::Ten
   at::Tensor ws = workspace(plan, xp);
   const prnn_forward_args_t args = forward_args(xp_, h0_, w_hh_, host_lengths32, y);
   check_status(op, prnn_forward_cpu(&problem, &args, workspace_ptr(ws), plan.workspace_bytes));
-  return y;
+  return {y, final_state(y, h0, lengths)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
@@ -142,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const prnn_backward_args_t args = backward_args(grad_y_, y_, w_hh_, host_lengths32, grad_xp);
     check_status(op, prnn_backward_data_cpu(&problem, &args, workspace_ptr(ws), plan.workspace_bytes));
   }
-  return finish_backward(grad_xp, y, h0, w_hh);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths);
 }
 
 prnn_status_t plan_for_device(const char* op, prnn_problem_t problem, prnn_pass_t pass,
@@ -204,12 +207,45 @@ std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::Scal
 
 }  // namespace
 
-at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& w_ih,
-                         const std::optional<at::Tensor>& b_ih,
-                         const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-                         const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                         c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> layer_forward(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
   return call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
+}
+
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device) {
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(host.options().device(device), /*non_blocking=*/true);
+}
+
+at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch) {
+  return (lengths - 1).clamp_min(0) * batch + at::arange(batch, lengths.options());
+}
+
+at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
+                       const std::optional<at::Tensor>& lengths) {
+  const int64_t T = y.size(0);
+  if (T == 0) return h0.clone(at::MemoryFormat::Contiguous);
+  if (!lengths.has_value()) return y.select(0, T - 1).clone(at::MemoryFormat::Contiguous);
+  // final_state_rows as a loop over the host lengths: a few ATen calls less
+  // of host time per layer, which the GPU may wait for.
+  const int64_t B = y.size(1);
+  const at::Tensor l = lengths->contiguous();
+  const int64_t* length = l.const_data_ptr<int64_t>();
+  at::Tensor rows = at::empty({B}, l.options());
+  int64_t* row = rows.mutable_data_ptr<int64_t>();
+  bool unstarted = false;
+  for (int64_t b = 0; b < B; ++b) {
+    row[b] = std::max<int64_t>(length[b] - 1, 0) * B + b;
+    unstarted |= length[b] == 0;
+  }
+  at::Tensor h_n = as_rows(y).index_select(0, to_device_async(rows, y.device()));
+  if (unstarted) {
+    const at::Tensor unstarted_rows = to_device_async((l == 0).nonzero().squeeze(1), y.device());
+    h_n.index_copy_(0, unstarted_rows, h0.index_select(0, unstarted_rows));
+  }
+  return h_n;
 }
 
 at::Tensor as_rows(const at::Tensor& t) {
@@ -262,26 +298,31 @@ prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
                        std::array<int64_t, 3>{x.size(0), x.size(1), w_ih.size(0)});
 }
 
-at::Tensor call_layer(const at::Tensor& x, const at::Tensor& w_ih,
-                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
-                      const at::Tensor& h0, const at::Tensor& w_hh,
-                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> call_layer(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("prnn::layer", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                            const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, c10::string_view)>();
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, c10::string_view)>();
   return op.call(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
 }
 
-at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                c10::string_view nonlinearity) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("prnn::forward", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, c10::string_view)>();
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&,
+                                                    const std::optional<at::Tensor>&,
+                                                    c10::string_view)>();
   return op.call(xp, h0, w_hh, lengths, nonlinearity);
 }
 
@@ -382,19 +423,19 @@ void check_status(const char* op, prnn_status_t status) {
   TORCH_CHECK(false, op, ": ", prnn_status_string(status), ": ", prnn_last_error());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor& grad_xp,
-                                                               const at::Tensor& y,
-                                                               const at::Tensor& h0,
-                                                               const at::Tensor& w_hh) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
+    const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths) {
   const int64_t T = grad_xp.size(0);
   if (T == 0) {
     return {grad_xp, at::zeros(h0.sizes(), h0.options()), at::zeros(w_hh.sizes(), w_hh.options())};
   }
   const at::Tensor delta0 = grad_xp.select(0, 0);  // batch x hidden
-  return {grad_xp, delta0.mm(w_hh), recurrent_weight_grad(grad_xp, y, h0)};
+  return {grad_xp, delta0.mm(w_hh), recurrent_weight_grad(grad_xp, y, h0, lengths)};
 }
 
-at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0) {
+at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0,
+                                 const std::optional<at::Tensor>& lengths) {
   const int64_t T = delta.size(0);
   // Every step in one GEMM over the flattened (step, batch) rows, against
   // the state before each step (h0, then y_0 .. y_{T-2}). The t = 0 term as a
@@ -402,6 +443,22 @@ at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, c
   // on its first call (bench/NOTES.md step 33; at T = 1 K is the batch
   // again); the copy costs T B S elements.
   const at::Tensor prev = T > 0 ? at::cat({h0.unsqueeze(0), y.slice(0, 0, T - 1)}, 0) : y;
+  if (lengths.has_value() && T > 0) {
+    // At step lengths[b] < T, prev holds the state sequence b ended with (h0
+    // at length 0), against a zero delta; 0 times a NaN or infinite state
+    // is NaN, and nn's modules never multiply that state again: zero its row.
+    // Past that step y, and so prev, is zero.
+    const int64_t B = y.size(1);
+    const at::Tensor l = lengths->contiguous();  // checked: host int64 in [0, T]
+    const int64_t* length = l.const_data_ptr<int64_t>();
+    std::vector<int64_t> ended;
+    for (int64_t b = 0; b < B; ++b)
+      if (length[b] < T) ended.push_back(length[b] * B + b);
+    if (!ended.empty()) {
+      const at::Tensor rows = at::tensor(ended, l.options());
+      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device()), 0);
+    }
+  }
   return as_rows(delta).t().mm(as_rows(prev));
 }
 
@@ -653,10 +710,11 @@ GatedBackwardCall gated_backward_call(const prnn_problem_t& problem, const at::T
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call) {
+finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call,
+                      const std::optional<at::Tensor>& lengths) {
   // dLoss/d(W_hh h_{t-1} + b_hh): a GRU's own (its n block differs), an LSTM's is grad_xp.
   const at::Tensor& grad_hh = call.grad_hh.defined() ? call.grad_hh : call.grad_xp;
-  at::Tensor grad_w_hh = recurrent_weight_grad(grad_hh, call.y, call.h0);
+  at::Tensor grad_w_hh = recurrent_weight_grad(grad_hh, call.y, call.h0, lengths);
   at::Tensor grad_b_hh = as_rows(grad_hh).sum(0);
   at::Tensor grad_w_hr;
   if (problem.proj_size > 0) {
@@ -790,7 +848,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     check_status(op, prnn_gated_backward_data_cpu(&problem, &call.args, workspace_ptr(ws),
                                                   plan.workspace_bytes));
   }
-  return finish_gated_backward(problem, call);
+  return finish_gated_backward(problem, call, lengths);
 }
 
 }  // namespace
@@ -798,17 +856,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 }  // namespace torch_prnn
 
 TORCH_LIBRARY(prnn, m) {
-  m.def("forward(Tensor xp, Tensor h0, Tensor w_hh, Tensor? lengths, str nonlinearity) -> Tensor");
+  // h_n: each sequence's state after its last step, a tensor of its own (a
+  // view of y would make its gradient and y's one, unlike nn.RNN's outputs).
+  m.def(
+      "forward(Tensor xp, Tensor h0, Tensor w_hh, Tensor? lengths, str nonlinearity) "
+      "-> (Tensor y, Tensor h_n)");
   m.def(
       "backward(Tensor grad_y, Tensor y, Tensor h0, Tensor w_hh, Tensor? lengths, "
       "str nonlinearity) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh)");
-  // What PersistentRNN runs per layer (forward direction): x [T,B,I] -> y [T,B,H],
-  // with xp = x w_ih^T + b_ih + b_hh. One op (one autograd node) instead of
-  // the projection's and the recurrence's: host time the GPU waits for in
-  // eager calls (bench/NOTES.md).
+  // What PersistentRNN runs per layer (forward direction): x [T,B,I] -> (y [T,B,H],
+  // h_n [B,H]), with xp = x w_ih^T + b_ih + b_hh. One op (one autograd node)
+  // instead of the projection's and the recurrence's: host time the GPU waits
+  // for in eager calls (bench/NOTES.md).
   m.def(
       "layer(Tensor x, Tensor w_ih, Tensor? b_ih, Tensor? b_hh, Tensor h0, Tensor w_hh, "
-      "Tensor? lengths, str nonlinearity) -> Tensor");
+      "Tensor? lengths, str nonlinearity) -> (Tensor y, Tensor h_n)");
   // The gated cells (torch.nn.LSTM's and torch.nn.GRU's), one layer and
   // direction: xp = x W_ih^T + b_ih [T,B,G*H] is the caller's GEMM, b_hh is
   // added inside (a GRU's b_hn sits inside r * (...)). `saved` is what the

@@ -65,21 +65,43 @@ prnn_backward_args_t backward_args(const at::Tensor& grad_y, const at::Tensor& y
 void check_status(const char* op, prnn_status_t status);
 
 // The rest of prnn::backward from delta = grad_xp [T,B,H], on any device:
-//   grad_w_hh = sum_t delta_t^T s_{t-1} (s_{-1} = h0, s_t = y_t),  grad_h0 = delta_0 w_hh.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(const at::Tensor& grad_xp,
-                                                               const at::Tensor& y,
-                                                               const at::Tensor& h0,
-                                                               const at::Tensor& w_hh);
+//   grad_w_hh = sum_t delta_t^T s_{t-1} (s_{-1} = h0, s_t = y_t; no term past a
+//   sequence's length),  grad_h0 = delta_0 w_hh.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
+    const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths);
+
+// A host tensor on `device` (itself on the CPU), copied without waiting for
+// the kernels queued on the stream: staged through pinned memory, as from
+// pageable memory the driver may wait for them; the caching host allocator
+// keeps the pinned buffer until the copy has run.
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device);
+
+// h_n [batch, hidden], a tensor of its own (never a view of y): each
+// sequence's state after its last step, y[lengths[b] - 1, b] (y[steps - 1, b]
+// without lengths), or h0[b] where it has no step. No host synchronisation.
+at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
+                       const std::optional<at::Tensor>& lengths);
+
+// The row of y's [steps * batch, hidden] rows (as_rows) that holds each
+// sequence's final state: (lengths[b] - 1) batch + b, at step 0 where a length
+// is 0. A host int64 tensor [batch] from the CPU lengths, in ATen ops that
+// torch.compile can trace (final_state computes the same rows in a loop).
+at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch);
 
 // The weight gradient of a recurrence, one GEMM after its backward pass:
 // sum_t delta_t^T s_{t-1} over states s_{-1} = h0, s_t = y_t; delta [T,B,N],
-// y [T,B,S], h0 [B,S] -> [N,S] (zeros when T = 0).
-at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0);
+// y [T,B,S], h0 [B,S] -> [N,S] (zeros when T = 0). With lengths (host int64
+// [B]) each sequence's state after its last step is left out.
+at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0,
+                                 const std::optional<at::Tensor>& lengths);
 
 // prnn::forward and prnn::backward through the dispatcher (below whatever
-// dispatch key the caller has excluded).
-at::Tensor call_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+// dispatch key the caller has excluded). prnn::forward returns (y, h_n).
+std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                c10::string_view nonlinearity);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
@@ -142,7 +164,8 @@ GatedBackwardCall gated_backward_call(const prnn_problem_t& problem, const at::T
 //   grad_w_hr = sum_t grad_h_t^T m_t (m_t = o tanh(c_t), from saved), [0] without w_hr.
 // grad_hh is grad_xp for an LSTM. grad_c0 is undefined for a GRU.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call);
+finish_gated_backward(const prnn_problem_t& problem, const GatedBackwardCall& call,
+                      const std::optional<at::Tensor>& lengths);
 
 // A device's gated passes (gated_forward_cpu and its like): the op's name, the
 // cell, and LSTM's arguments (a GRU's c0 undefined, its w_hr nullopt) ->
@@ -242,19 +265,18 @@ prnn_problem_t check_layer(const at::Tensor& x, const at::Tensor& w_ih,
                            const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                            c10::string_view nonlinearity);
 
-// prnn::layer through the dispatcher (below whatever key the caller excluded).
-at::Tensor call_layer(const at::Tensor& x, const at::Tensor& w_ih,
-                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
-                      const at::Tensor& h0, const at::Tensor& w_hh,
-                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+// prnn::layer through the dispatcher (below whatever key the caller excluded): (y, h_n).
+std::tuple<at::Tensor, at::Tensor> call_layer(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
 // prnn::layer below autograd, on every device (its CompositeExplicitAutograd
-// kernel): the input projection, then prnn::forward.
-at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& w_ih,
-                         const std::optional<at::Tensor>& b_ih,
-                         const std::optional<at::Tensor>& b_hh, const at::Tensor& h0,
-                         const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-                         c10::string_view nonlinearity);
+// kernel): the input projection, then prnn::forward. Returns (y, h_n).
+std::tuple<at::Tensor, at::Tensor> layer_forward(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
 // t [T,B,N] as rows [T*B,N] (a view when t allows it), in symbolic sizes:
 // under torch.compile(dynamic=True) this runs on fake tensors, and reading a

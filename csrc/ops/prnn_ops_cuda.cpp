@@ -20,8 +20,10 @@ at::Tensor on_device(const at::Tensor& host_lengths32, const at::Tensor& x) {
   return host_lengths32.defined() ? host_lengths32.to(x.device()) : host_lengths32;
 }
 
-at::Tensor forward_cuda(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
-                        const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                c10::string_view nonlinearity) {
   const char* op = "prnn::forward";
   const prnn_problem_t problem = check_forward(xp, h0, w_hh, lengths, nonlinearity);
   // After the checks every tensor is on xp's device: a CPU xp would have
@@ -30,7 +32,7 @@ at::Tensor forward_cuda(const at::Tensor& xp, const at::Tensor& h0, const at::Te
   const c10::cuda::CUDAGuard guard(xp.device());
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
   const at::Tensor lengths32 = on_device(host_lengths32, xp);
-  if (is_empty(problem)) return y;
+  if (is_empty(problem)) return {y, final_state(y, h0, lengths)};
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
@@ -40,15 +42,15 @@ at::Tensor forward_cuda(const at::Tensor& xp, const at::Tensor& h0, const at::Te
   const prnn_forward_args_t args = forward_args(xp_, h0_, w_hh_, lengths32, y);
   check_status(op, prnn_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                      current_stream()));
-  return y;
+  return {y, final_state(y, h0, lengths)};
 }
 
 // prnn::layer in one launch where a kernel fuses the input projection (the
 // C API's layer plan says so), else the projection's GEMM and prnn::forward.
-at::Tensor layer_cuda(const at::Tensor& x, const at::Tensor& w_ih,
-                      const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh,
-                      const at::Tensor& h0, const at::Tensor& w_hh,
-                      const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+std::tuple<at::Tensor, at::Tensor> layer_cuda(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
   const char* op = "prnn::layer";
   const prnn_problem_t problem = check_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -81,7 +83,7 @@ at::Tensor layer_cuda(const at::Tensor& x, const at::Tensor& w_ih,
   set_recurrence_args(args, h0_, w_hh_, lengths32, y);
   check_status(op, prnn_layer_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                            current_stream()));
-  return y;
+  return {y, final_state(y, h0, lengths)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
@@ -103,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     check_status(op, prnn_backward_data_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                              current_stream()));
   }
-  return finish_backward(grad_xp, y, h0, w_hh);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths);
 }
 
 // prnn::lstm and prnn::gru on CUDA, as gated_forward_cpu: (y, h_n, c_n, saved).
@@ -146,7 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     check_status(op, prnn_gated_backward_data_cuda(&problem, &call.args, workspace_ptr(ws),
                                                    plan.workspace_bytes, current_stream()));
   }
-  return finish_gated_backward(problem, call);
+  return finish_gated_backward(problem, call, lengths);
 }
 
 }  // namespace

@@ -77,8 +77,9 @@ static int64_t extent(int64_t T, int64_t B, int64_t H, int64_t st, int64_t sb) {
 
 static double act(prnn_activation_t a, double v) { return a == PRNN_ACT_RELU ? (v > 0 ? v : 0) : tanh(v); }
 
+/* relu': torch's, which passes the gradient wherever y is not <= 0 (NaN too). */
 static double act_grad_from_output(prnn_activation_t a, double y) {
-  return a == PRNN_ACT_RELU ? (y > 0 ? 1.0 : 0.0) : 1.0 - y * y;
+  return a == PRNN_ACT_RELU ? (y <= 0 ? 0.0 : 1.0) : 1.0 - y * y;
 }
 
 /* ---- one numerical case ---- */
@@ -279,6 +280,43 @@ static void numerical_group(prnn_dtype_t dtype, prnn_activation_t activation) {
           }
   printf("%s %s %s: %d cases, max rel err forward %.2g backward %.2g (bound %.0e)\n",
          bad ? "FAIL" : "ok  ", dname, aname, cases, worst_f, worst_b, tol);
+  failures += bad;
+}
+
+/* ---- relu's derivative at NaN ---- */
+
+/* One step of backward-data with y = {NaN, 0, 0.5}: the gradient passes the
+ * NaN and the 0.5 (torch's relu backward) and stops at the 0. */
+static void relu_nan_group(prnn_dtype_t dtype) {
+  static const double y_values[3] = {NAN, 0.0, 0.5}, gy_values[3] = {2.0, 3.0, 4.0};
+  static const double expected[3] = {2.0, 0.0, 4.0};
+  prnn_problem_t p = {PRNN_CELL_ELMAN, PRNN_ACT_RELU, PRNN_DTYPE_FLOAT32, 1, 1, 3, 0};
+  double y[3], gy[3], w[9], gxp[3], ws[6]; /* float32 uses the first halves */
+  prnn_backward_args_t ba;
+  int i, bad = 0;
+  p.dtype = dtype;
+  for (i = 0; i < 3; ++i) {
+    put(dtype, y, i, y_values[i]);
+    put(dtype, gy, i, gy_values[i]);
+  }
+  for (i = 0; i < 9; ++i) put(dtype, w, i, 0.25);
+  poison(dtype, gxp, 3);
+  ba.grad_y = gy;
+  ba.grad_y_stride_t = 3;
+  ba.grad_y_stride_b = 3;
+  ba.y = y;
+  ba.w_hh = w;
+  ba.w_hh_stride = 3;
+  ba.lengths = NULL;
+  ba.grad_xp = gxp;
+  if (prnn_backward_data_cpu(&p, &ba, ws, 6 * elem_size(dtype)) != PRNN_STATUS_SUCCESS) {
+    printf("  backward failed: %s\n", prnn_last_error());
+    bad = 1;
+  }
+  for (i = 0; i < 3; ++i) bad |= get(dtype, gxp, i) != expected[i];
+  printf("%s %s relu' at NaN: grad_xp %g %g %g (expected 2 0 4)\n", bad ? "FAIL" : "ok  ",
+         dtype == PRNN_DTYPE_FLOAT64 ? "float64" : "float32", get(dtype, gxp, 0), get(dtype, gxp, 1),
+         get(dtype, gxp, 2));
   failures += bad;
 }
 
@@ -1237,6 +1275,8 @@ int main(void) {
   numerical_group(PRNN_DTYPE_FLOAT32, PRNN_ACT_RELU);
   numerical_group(PRNN_DTYPE_FLOAT64, PRNN_ACT_TANH);
   numerical_group(PRNN_DTYPE_FLOAT64, PRNN_ACT_RELU);
+  relu_nan_group(PRNN_DTYPE_FLOAT32);
+  relu_nan_group(PRNN_DTYPE_FLOAT64);
   gated_forward_group(PRNN_DTYPE_FLOAT32);
   gated_forward_group(PRNN_DTYPE_FLOAT64);
   gated_gradient_group();
