@@ -290,7 +290,7 @@ static void numerical_group(prnn_dtype_t dtype, prnn_activation_t activation) {
 static void relu_nan_group(prnn_dtype_t dtype) {
   static const double y_values[3] = {NAN, 0.0, 0.5}, gy_values[3] = {2.0, 3.0, 4.0};
   static const double expected[3] = {2.0, 0.0, 4.0};
-  prnn_problem_t p = {PRNN_CELL_ELMAN, PRNN_ACT_RELU, PRNN_DTYPE_FLOAT32, 1, 1, 3, 0};
+  prnn_problem_t p = {PRNN_CELL_ELMAN, PRNN_ACT_RELU, PRNN_DTYPE_FLOAT32, 1, 1, 3, 0, 0};
   double y[3], gy[3], w[9], gxp[3], ws[6]; /* float32 uses the first halves */
   prnn_backward_args_t ba;
   int i, bad = 0;
