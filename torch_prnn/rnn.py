@@ -97,6 +97,7 @@ class PersistentRNN(nn.Module):
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
         self.proj_size = 0  # nn.RNN has the attribute (always 0 for RNNs)
+        self.mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
 
         factory_kwargs = {"device": device, "dtype": dtype}
         num_directions = 2 if bidirectional else 1
@@ -117,7 +118,41 @@ class PersistentRNN(nn.Module):
                     setattr(self, name, nn.Parameter(torch.empty(shape, **factory_kwargs)))
                     names.append(name)
                 self._all_weights.append(names)
+        self._flat_weights_names = [name for names in self._all_weights for name in names]
+        self._init_flat_weights()
         self.reset_parameters()
+
+    # nn.RNN's _flat_weights: the weights in _flat_weights_names' order, for
+    # code that reads them. Kept in step as nn.RNN keeps it: on assignment,
+    # after .to() and the like, and in data-parallel replicas.
+
+    def _init_flat_weights(self) -> None:
+        self._flat_weights = [getattr(self, name, None) for name in self._flat_weights_names]
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        names = self.__dict__.get("_flat_weights_names")
+        if names is not None and name in names:
+            self._flat_weights[names.index(name)] = value
+
+    def _apply(self, fn, recurse=True):
+        # Conversions may put new tensors in _parameters directly, not through __setattr__.
+        module = super()._apply(fn, recurse)
+        self._init_flat_weights()
+        return module
+
+    def _replicate_for_data_parallel(self):
+        # A replica's weights are set on the replica: its own list, not the original's.
+        replica = super()._replicate_for_data_parallel()
+        replica._flat_weights = replica._flat_weights[:]
+        return replica
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_flat_weights_names" not in state:  # pickled by a torch_prnn without these attributes
+            self.mode = "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
+            self._flat_weights_names = [name for names in self._all_weights for name in names]
+            self._init_flat_weights()
 
     def reset_parameters(self) -> None:
         # nn.RNN's init, parameter by parameter in the same order: the same seed

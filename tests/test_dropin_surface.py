@@ -1,0 +1,107 @@
+"""The parts of nn.RNN's surface that code around a model touches: the
+attributes nn.RNN code reads (mode, _flat_weights_names, _flat_weights),
+TorchScript, whole-model checkpoints loaded with torch.load's default
+weights_only=True, and torch.compile(fullgraph=True) with packed input."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import torch_prnn
+from conftest import assert_close, devices, twins
+
+# Configurations whose attributes differ: nonlinearity, bias, layers, directions.
+CONFIGS = [
+    dict(),
+    dict(nonlinearity="relu", bias=False),
+    dict(num_layers=2, bidirectional=True),
+]
+
+
+# ---- nn.RNN's attributes: mode, _flat_weights_names, _flat_weights ----------
+
+
+def same_objects(a, b):
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=str)
+def test_attributes_match_nn_rnn(kwargs):
+    ours = torch_prnn.PersistentRNN(3, 5, **kwargs)
+    theirs = nn.RNN(3, 5, **kwargs)
+    assert ours.mode == theirs.mode
+    assert ours._flat_weights_names == theirs._flat_weights_names
+    assert ours._all_weights == theirs._all_weights
+    assert [w.shape for w in ours._flat_weights] == [w.shape for w in theirs._flat_weights]
+    assert same_objects(ours._flat_weights, list(ours.parameters()))
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("overwrite", [False, True], ids=["in place", "overwrite"])
+def test_flat_weights_follow_to(device, overwrite):
+    """.to() keeps _flat_weights the module's parameters, also where torch is
+    set to put new Parameter objects in the module on conversion."""
+    ours = torch_prnn.PersistentRNN(3, 5, num_layers=2)
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    try:
+        ours.to(device, torch.float64)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
+    assert same_objects(ours._flat_weights, list(ours.parameters()))
+    assert all(w.dtype == torch.float64 and w.device.type == device for w in ours._flat_weights)
+
+
+def test_flat_weights_follow_load_state_dict_and_assignment():
+    ours = torch_prnn.PersistentRNN(3, 5, bidirectional=True)
+    source = torch_prnn.PersistentRNN(3, 5, bidirectional=True).state_dict()
+    ours.load_state_dict(source)  # copies into the same parameters
+    assert same_objects(ours._flat_weights, list(ours.parameters()))
+    assert all(torch.equal(w, source[n]) for n, w in zip(ours._flat_weights_names, ours._flat_weights))
+    ours.load_state_dict(source, assign=True)  # new parameters, on the state dict's tensors
+    assert ours.weight_ih_l0.data_ptr() == source["weight_ih_l0"].data_ptr()
+    assert same_objects(ours._flat_weights, list(ours.parameters()))
+    replacement = nn.Parameter(torch.randn(5, 5))
+    ours.weight_hh_l0_reverse = replacement
+    assert ours._flat_weights[ours._flat_weights_names.index("weight_hh_l0_reverse")] is replacement
+    assert same_objects(ours._flat_weights, list(ours.parameters()))
+
+
+@pytest.mark.parametrize("device", devices)
+def test_code_reading_flat_weights(device):
+    """Code written against nn.RNN's _flat_weights (here: scaling every weight
+    in place) does to a PersistentRNN what it does to nn.RNN."""
+    ours, theirs = twins(device, torch.float64, num_layers=2, bidirectional=True)
+    with torch.no_grad():
+        for module in (ours, theirs):
+            for w in module._flat_weights:
+                w.mul_(0.5)
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+    x = torch.randn(5, 3, 4, dtype=torch.float64, device=device)
+    assert_close(ours(x)[0], theirs(x)[0], torch.float64, "output")
+
+
+def test_data_parallel_replica_keeps_its_own_flat_weights():
+    """A data-parallel replica sets its weights on itself; the original's
+    _flat_weights stay the original's parameters."""
+    ours = torch_prnn.PersistentRNN(3, 5)
+    replica = ours._replicate_for_data_parallel()
+    replica.weight_hh_l0 = ours.weight_hh_l0.detach().clone()  # what replicate() does
+    assert replica._flat_weights[1] is replica.weight_hh_l0
+    assert same_objects(ours._flat_weights, list(ours.parameters()))
+
+
+def test_unpickling_a_module_without_the_attributes():
+    """A module pickled before these attributes existed gets them on loading."""
+    ours = torch_prnn.PersistentRNN(3, 5, nonlinearity="relu", num_layers=2)
+    state = dict(ours.__dict__)
+    for name in ("mode", "_flat_weights_names", "_flat_weights"):
+        del state[name]
+    loaded = torch_prnn.PersistentRNN.__new__(torch_prnn.PersistentRNN)
+    loaded.__setstate__(copy.copy(state))
+    assert loaded.mode == "RNN_RELU"
+    assert loaded._flat_weights_names == ours._flat_weights_names
+    assert same_objects(loaded._flat_weights, list(ours.parameters()))
