@@ -105,3 +105,53 @@ def test_unpickling_a_module_without_the_attributes():
     assert loaded.mode == "RNN_RELU"
     assert loaded._flat_weights_names == ours._flat_weights_names
     assert same_objects(loaded._flat_weights, list(ours.parameters()))
+
+
+# ---- whole-model checkpoints under torch.load's default weights_only=True ----
+
+
+class Tagger(nn.Module):
+    """A model as a training script has it: its own class around the RNN."""
+
+    def __init__(self, rnn_class):
+        super().__init__()
+        self.rnn = rnn_class(4, 8, num_layers=2, bidirectional=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        y, h_n = self.rnn(x)
+        return self.head(y), h_n
+
+
+@pytest.mark.parametrize("device", devices)
+def test_whole_model_checkpoint_loads_with_weights_only(device, tmp_path):
+    """A script that saves torch.save(model) and loads it with torch.load's
+    default, allow-listing the classes of its nn.RNN model, loads the model
+    after nn.RNN is swapped for PersistentRNN, with the same outputs."""
+    allow_list = [Tagger, nn.Linear, nn.RNN]  # what the script allow-lists for its nn.RNN model
+    with_nn_rnn = Tagger(nn.RNN).to(device)
+    torch.save(with_nn_rnn, tmp_path / "nn_rnn.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(tmp_path / "nn_rnn.pt")  # the default is in force: unlisted classes refused
+    with torch.serialization.safe_globals(allow_list):
+        torch.load(tmp_path / "nn_rnn.pt")
+
+    model = Tagger(torch_prnn.PersistentRNN).to(device).eval()
+    torch.save(model, tmp_path / "prnn.pt")
+    with torch.serialization.safe_globals(allow_list):
+        loaded = torch.load(tmp_path / "prnn.pt")
+    assert type(loaded.rnn) is torch_prnn.PersistentRNN and not loaded.training
+    assert same_objects(loaded.rnn._flat_weights, list(loaded.rnn.parameters()))
+    x = torch.randn(3, 5, 4, device=device)
+    for got, expected in zip(loaded(x), model(x), strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_bare_module_checkpoint_loads_with_weights_only(tmp_path):
+    model = torch_prnn.PersistentRNN(4, 8, nonlinearity="relu", batch_first=True)
+    torch.save(model, tmp_path / "rnn.pt")
+    loaded = torch.load(tmp_path / "rnn.pt")
+    x = torch.randn(2, 5, 4)
+    assert repr(loaded) == repr(model)
+    for got, expected in zip(loaded(x), model(x), strict=True):
+        assert torch.equal(got, expected)
