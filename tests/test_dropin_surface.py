@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
 from conftest import assert_close, devices, twins
@@ -155,3 +156,101 @@ def test_bare_module_checkpoint_loads_with_weights_only(tmp_path):
     assert repr(loaded) == repr(model)
     for got, expected in zip(loaded(x), model(x), strict=True):
         assert torch.equal(got, expected)
+
+
+# ---- TorchScript ----------------------------------------------------------
+# As with nn.RNN, a scripted model calls the RNN with one input type per
+# call site (its forward is compiled once per input type). torch itself
+# deprecates torch.jit.script and torch.jit.save / load.
+
+script_tests = pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning")
+
+
+class Batched(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
+        return self.rnn(x, hx)
+
+
+class Packed(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: PackedSequence, hx: torch.Tensor | None = None):
+        return self.rnn(x, hx)
+
+
+def assert_same(got, expected):
+    for a, b in zip(got, expected, strict=True):
+        if isinstance(b, PackedSequence):
+            assert torch.equal(a.batch_sizes, b.batch_sizes)
+            a, b = a.data, b.data
+        assert torch.equal(a, b)
+
+
+SCRIPT_CONFIGS = [
+    dict(num_layers=2, bidirectional=True),
+    dict(nonlinearity="relu", bias=False, batch_first=True),
+]
+
+
+def outputs_and_grads(model, x, parameters):
+    output, h_n = model(x)
+    return [output, h_n, *torch.autograd.grad(output.sum() + h_n.sum(), [x, *parameters])]
+
+
+@script_tests
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("kwargs", SCRIPT_CONFIGS, ids=str)
+def test_script_matches_eager(device, kwargs):
+    """Batched and unbatched input, hx given and absent: the scripted model's
+    outputs, and gradients, are eager's."""
+    rnn = torch_prnn.PersistentRNN(4, 7, device=device, dtype=torch.float64, **kwargs)
+    model = Batched(rnn)
+    scripted = torch.jit.script(model)
+    layers = rnn.num_layers * (2 if rnn.bidirectional else 1)
+    x = torch.randn(3, 5, 4, dtype=torch.float64, device=device)
+    hx = torch.randn(layers, 3 if rnn.batch_first else 5, 7, dtype=torch.float64, device=device)
+    for input, h in [(x, None), (x, hx), (x[0], None), (x[0], hx[:, 0])]:
+        assert_same(scripted(input, h), model(input, h))
+    x.requires_grad_()
+    assert_same(outputs_and_grads(scripted, x, rnn.parameters()), outputs_and_grads(model, x, rnn.parameters()))
+
+
+@script_tests
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+def test_script_packed_matches_eager(device, enforce_sorted):
+    rnn = torch_prnn.PersistentRNN(4, 7, num_layers=2, bidirectional=True, device=device, dtype=torch.float64)
+    model = Packed(rnn)
+    scripted = torch.jit.script(model)
+    lengths = torch.tensor([5, 3, 3, 1]) if enforce_sorted else torch.tensor([3, 5, 1, 3])
+    x = torch.randn(5, 4, 4, dtype=torch.float64, device=device)
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    hx = torch.randn(4, 4, 7, dtype=torch.float64, device=device)
+    for h in (None, hx):
+        assert_same(scripted(packed, h), model(packed, h))
+
+
+@script_tests
+def test_script_twice_and_save_load(tmp_path):
+    """Scripting twice in one process (the same model, then another one), and
+    scripted models saved with torch.jit.save and loaded back, as nn.RNN's are."""
+    rnn = torch_prnn.PersistentRNN(4, 7, num_layers=2, bidirectional=True)
+    other = torch_prnn.PersistentRNN(4, 3, nonlinearity="relu")
+    first, second = torch.jit.script(Batched(rnn)), torch.jit.script(Batched(rnn))
+    scripted_other, scripted_packed = torch.jit.script(Batched(other)), torch.jit.script(Packed(rnn))
+    x = torch.randn(5, 3, 4)
+    assert_same(first(x), rnn(x))
+    assert_same(second(x), rnn(x))
+    assert_same(scripted_other(x), other(x))
+    torch.jit.save(first, tmp_path / "batched.pt")
+    torch.jit.save(scripted_packed, tmp_path / "packed.pt")
+    loaded, loaded_packed = torch.jit.load(tmp_path / "batched.pt"), torch.jit.load(tmp_path / "packed.pt")
+    assert_same(loaded(x), rnn(x))
+    sequence = pack_padded_sequence(x, torch.tensor([5, 2, 1]))
+    assert_same(loaded_packed(sequence), rnn(sequence))

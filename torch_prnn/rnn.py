@@ -3,6 +3,7 @@
 import math
 import numbers
 import warnings
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,9 @@ from torch.nn.utils.rnn import PackedSequence
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
 _prnn_layer, _prnn_forward = torch.ops.prnn.layer.default, torch.ops.prnn.forward.default
+# TorchScript knows ops by name, not overload objects: these are prnn::layer and prnn::forward.
+torch.jit._builtins._register_builtin(_prnn_layer, "prnn::layer")
+torch.jit._builtins._register_builtin(_prnn_forward, "prnn::forward")
 
 
 class PersistentRNN(nn.Module):
@@ -26,6 +30,8 @@ class PersistentRNN(nn.Module):
     takes batched, unbatched and packed input and returns ``(output, h_n)``
     as nn.RNN does.
     """
+
+    __jit_unused_properties__ = ["all_weights"]  # not compiled by TorchScript, as nn.RNN's
 
     def __init__(
         self,
@@ -185,7 +191,7 @@ class PersistentRNN(nn.Module):
 
     @property
     def all_weights(self) -> list[list[nn.Parameter]]:
-        return [self._weights(index) for index in range(len(self._all_weights))]
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
 
     def flatten_parameters(self) -> None:
         """No-op: the kernels take each layer's weights where they are."""
@@ -204,11 +210,26 @@ class PersistentRNN(nn.Module):
             s += ", bidirectional={bidirectional}"
         return s.format(**self.__dict__)
 
-    def forward(self, input, hx: Tensor | None = None):
-        _refuse_func_autodiff()
+    # TorchScript compiles forward once per input type, as it does nn.RNN's.
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        pass
+
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(  # noqa: F811
+        self, input: PackedSequence, hx: Tensor | None = None
+    ) -> tuple[PackedSequence, Tensor]:
+        pass
+
+    def forward(self, input, hx: Tensor | None = None):  # noqa: F811
+        if not torch.jit.is_scripting():
+            _refuse_func_autodiff()
         num_directions = 2 if self.bidirectional else 1
-        packed = isinstance(input, PackedSequence)
-        if packed:
+        # isinstance and `lengths is not None` (packed input only), not a flag:
+        # TorchScript resolves these at compile time, for each input type.
+        if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
             x, lengths, rows = _pad(data, batch_sizes)
@@ -255,23 +276,23 @@ class PersistentRNN(nn.Module):
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
         flip, last = _time_indices(lengths, steps, x.device)
-        h_n = []
+        states: list[Tensor] = []
         layer_input = x
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0 and self.training:
                 layer_input = F.dropout(layer_input, self.dropout, training=True)
-            outputs = []
+            outputs: list[Tensor] = []
             for direction in range(num_directions):
                 index = layer * num_directions + direction
                 y, h = self._layer(
                     layer_input, hx[index], index, direction == 1, lengths, flip, last
                 )
                 outputs.append(y)
-                h_n.append(h)
+                states.append(h)
             layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
-        output, h_n = layer_input, torch.stack(h_n)
+        output, h_n = layer_input, torch.stack(states)
 
-        if packed:
+        if lengths is not None:
             output = PackedSequence(
                 output.flatten(0, 1).index_select(0, rows),
                 batch_sizes,
@@ -288,15 +309,17 @@ class PersistentRNN(nn.Module):
         return output, h_n
 
     def _check_input(self, input: Tensor, expected_dim: int) -> None:
-        weight = self._parameters.get("weight_ih_l0")
-        if weight is None:  # replaced by weight_norm or a parametrization
-            weight = self.weight_ih_l0
-        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
-            raise ValueError(
-                f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
-                f"Convert input: input.to({weight.dtype}), or convert model: "
-                f"model.to({input.dtype})"
-            )
+        # Under TorchScript the ops check the dtypes, as nn.RNN's do there.
+        if not torch.jit.is_scripting():
+            weight = self._parameters.get("weight_ih_l0")
+            if weight is None:  # replaced by weight_norm or a parametrization
+                weight = self.weight_ih_l0
+            if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
+                raise ValueError(
+                    f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
+                    f"Convert input: input.to({weight.dtype}), or convert model: "
+                    f"model.to({input.dtype})"
+                )
         if input.dim() != expected_dim:
             raise RuntimeError(f"input must have {expected_dim} dimensions, got {input.dim()}")
         if self.input_size != input.size(-1):
@@ -305,29 +328,43 @@ class PersistentRNN(nn.Module):
                 f"{self.input_size}, got {input.size(-1)}"
             )
 
-    def _weights(self, index: int) -> list[Tensor]:
-        """[w_ih, w_hh, b_ih, b_hh] (no biases without bias) of one layer and direction."""
-        # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
-        # host time the GPU waits for); getattr where weight_norm or a
-        # parametrization replaced a parameter with a computed attribute.
-        params = self._parameters
-        return [
-            w if (w := params.get(name)) is not None else getattr(self, name)
-            for name in self._all_weights[index]
-        ]
+    def _weights(self, index: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """(w_ih, w_hh, b_ih, b_hh) of one layer and direction (biases None without bias)."""
+        if torch.jit.is_scripting():
+            # TorchScript has no _parameters: _flat_weights, which nn.RNN's scripted forward reads.
+            n = len(self._all_weights[index])  # the same for every layer and direction
+            w = self._flat_weights[index * n : index * n + n]
+        else:
+            # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
+            # host time the GPU waits for); getattr where weight_norm or a
+            # parametrization replaced a parameter with a computed attribute.
+            params = self._parameters
+            w = [
+                params[name] if name in params else getattr(self, name)
+                for name in self._all_weights[index]
+            ]
+        return (w[0], w[1], w[2], w[3]) if len(w) == 4 else (w[0], w[1], None, None)
 
-    def _layer(self, x, h0, index, reverse, lengths, flip, last):
+    def _layer(
+        self,
+        x: Tensor,
+        h0: Tensor,
+        index: int,
+        reverse: bool,
+        lengths: Tensor | None,
+        flip: Tensor | None,
+        last: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
         """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
-        w_ih, w_hh, *biases = self._weights(index)
+        w_ih, w_hh, b_ih, b_hh = self._weights(index)
         if reverse:
             # The projection of x itself, then reversed: its autograd keeps x,
             # which the forward direction keeps too, where prnn::layer on a
             # reversed x would keep a reversed copy of it.
-            xp = F.linear(x, w_ih, biases[0] + biases[1] if biases else None)
+            xp = F.linear(x, w_ih, b_ih + b_hh if b_ih is not None and b_hh is not None else None)
             y = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
         else:
             # All steps' input projections in one GEMM, then the recurrence: one op.
-            b_ih, b_hh = biases if biases else (None, None)
             y = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         # The state after each sequence's last step (in processing order).
         if last is None:
@@ -355,7 +392,7 @@ def _refuse_func_autodiff() -> None:
         )
 
 
-def _pad(data: Tensor, batch_sizes: Tensor):
+def _pad(data: Tensor, batch_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
     lengths [B] on the CPU, index of each packed row in the flattened padded
     [T*B] rows). Packed rows are time-major, each step's sequences in batch
@@ -363,9 +400,10 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     # What pack_padded_sequence makes. Without this check a hand-built one with
     # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
     if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
+        sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
         raise RuntimeError(
             "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
-            f"data rows, got batch_sizes {batch_sizes.tolist()} for {data.shape[0]} rows"
+            f"data rows, got batch_sizes {sizes} for {data.shape[0]} rows"
         )
     steps, batch = batch_sizes.numel(), int(batch_sizes[0])
     valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
@@ -375,7 +413,9 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     return padded.view(steps, batch, data.shape[-1]), lengths, rows
 
 
-def _time_indices(lengths: Tensor | None, steps: int, device):
+def _time_indices(
+    lengths: Tensor | None, steps: int, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
     """For packed input: the step index [T,B,1] that reverses each sequence
     within its length (padding stays in place), and each sequence's last step
     [1,B,1] (packed lengths are >= 1). None, None without lengths."""
