@@ -11,6 +11,8 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
+from torch._dynamo.testing import CompileCounterWithBackend
+
 from conftest import assert_close, devices, twins
 
 # Configurations whose attributes differ: nonlinearity, bias, layers, directions.
@@ -254,3 +256,79 @@ def test_script_twice_and_save_load(tmp_path):
     assert_same(loaded(x), rnn(x))
     sequence = pack_padded_sequence(x, torch.tensor([5, 2, 1]))
     assert_same(loaded_packed(sequence), rnn(sequence))
+
+
+# ---- torch.compile(fullgraph=True) with PackedSequence input ----------------
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def packed_outputs_and_grads(model, x, lengths, enforce_sorted, hx=None):
+    """The packed output's data, h_n, and their gradients with respect to x
+    and the parameters; x is packed here, per call, as a training step does."""
+    output, h_n = model(pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted), hx)
+    loss = output.data.square().sum() + h_n.sin().sum()
+    return [output.data, h_n, *torch.autograd.grad(loss, [x, *model.parameters()])]
+
+
+@pytest.mark.parametrize("device", devices)
+def test_compile_packed_fullgraph(device, fresh_dynamo):
+    """Under the default backend, sorted packed input without hx, where the
+    batch is only in batch_sizes' data: eager's output, and no recompile for
+    other batches and lengths."""
+    model = torch_prnn.PersistentRNN(4, 6, bidirectional=True, device=device)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    compiles = None
+    for steps, lengths in [(5, [5, 3, 2]), (4, [4, 4, 3, 1])]:
+        packed = pack_padded_sequence(torch.randn(steps, len(lengths), 4, device=device), torch.tensor(lengths))
+        with torch.no_grad():
+            got, expected = compiled(packed), model(packed)
+        assert_close(got[0].data, expected[0].data, torch.float32, f"output at lengths {lengths}")
+        assert_close(got[1], expected[1], torch.float32, f"h_n at lengths {lengths}")
+        compiles = compiles or counter.frame_count
+    assert counter.frame_count == compiles
+
+
+@pytest.mark.parametrize("device", devices)
+def test_compile_packed_gradients(device, fresh_dynamo):
+    """Packed input sorted and not, hx absent and given: eager's outputs and
+    gradients."""
+    model = torch_prnn.PersistentRNN(4, 6, num_layers=2, bidirectional=True, device=device)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(5, 3, 4, device=device, requires_grad=True)
+    hx = torch.randn(4, 3, 6, device=device)
+    for lengths, enforce_sorted, h in [([5, 3, 2], True, None), ([5, 3, 2], True, hx), ([3, 5, 2], False, hx)]:
+        got = packed_outputs_and_grads(compiled, x, torch.tensor(lengths), enforce_sorted, h)
+        expected = packed_outputs_and_grads(model, x, torch.tensor(lengths), enforce_sorted, h)
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", devices)
+def test_compile_packed_bad_input(device, fresh_dynamo):
+    """A hand-built PackedSequence that does not fit hx, or whose batch_sizes
+    are malformed: an error when the compiled graph runs."""
+    model = torch_prnn.PersistentRNN(4, 6, num_layers=2, bidirectional=True, device=device)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    data = torch.randn(10, 4, device=device)
+    hx = torch.randn(4, 3, 6, device=device)
+    too_few = PackedSequence(data[:8], torch.tensor([2, 2, 2, 1, 1]))  # 2 sequences, hx has 3
+    with pytest.raises(RuntimeError, match=r"batch_sizes \[2, 2, 2, 1, 1\] is a batch of 2 sequences"):
+        compiled(too_few, hx)
+    malformed = PackedSequence(data, torch.tensor([3, 2, 3, 1, 1]))
+    with pytest.raises(RuntimeError, match=r"non-increasing .* got batch_sizes \[3, 2, 3, 1, 1\] for 10 rows"):
+        compiled(malformed, hx)
+
+
+def test_packed_rows_op():
+    """The op compiled graphs call for packed input: its fake kernel, schema
+    and dispatch agree with its implementation."""
+    torch.library.opcheck(torch.ops.prnn.packed_rows.default, (torch.tensor([3, 2, 2, 1]), 3, 8))
+    lengths, rows = torch.ops.prnn.packed_rows(torch.tensor([3, 2, 2, 1]), 3, 8)
+    assert lengths.tolist() == [4, 3, 1] and rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 9]

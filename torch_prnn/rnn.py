@@ -232,7 +232,8 @@ class PersistentRNN(nn.Module):
         if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            x, lengths, rows = _pad(data, batch_sizes)
+            batch = _packed_batch(batch_sizes, sorted_indices, hx)
+            x, lengths, rows = _pad(data, batch_sizes, batch)
             if hx is not None and sorted_indices is not None:
                 # hx is in the caller's batch order; the padded batch is sorted.
                 # Its shape first (nn.RNN permutes first): a batch too small
@@ -392,25 +393,70 @@ def _refuse_func_autodiff() -> None:
         )
 
 
-def _pad(data: Tensor, batch_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
-    lengths [B] on the CPU, index of each packed row in the flattened padded
-    [T*B] rows). Packed rows are time-major, each step's sequences in batch
-    order, so they are the valid entries of the padded tensor in row-major order."""
+def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
+    """The number of sequences of a PackedSequence: batch_sizes[0]. Under
+    torch.compile batch_sizes is data to the graph and a size read from it is
+    unbacked, which shapes cannot be compared with; there the batch is
+    sorted_indices' or hx's where one is given, and prnn::packed_rows checks
+    batch_sizes against it when the graph runs."""
+    if torch.compiler.is_compiling():
+        if sorted_indices is not None:
+            return sorted_indices.shape[0]
+        if hx is not None and hx.dim() == 3:
+            return hx.shape[1]
+    return int(batch_sizes[0])
+
+
+def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Packed rows [N, I] of `batch` sequences -> (padded [T, B, I] with zeros
+    past each length, lengths [B] on the CPU, index of each packed row in the
+    flattened padded [T*B] rows, on data's device)."""
+    steps, rows = batch_sizes.numel(), data.shape[0]
+    if torch.compiler.is_compiling():
+        lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
+    else:
+        lengths, index = _packed_rows(batch_sizes, batch, rows)
+    index = index.to(data.device)
+    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
+    return padded.view(steps, batch, data.shape[-1]), lengths, index
+
+
+def _packed_rows(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
+    """A PackedSequence's lengths [batch] and the index of each of its `rows`
+    packed rows in the flattened padded [T*batch] rows, both on the CPU.
+    Packed rows are time-major, each step's sequences in batch order, so they
+    are the valid entries of the padded tensor in row-major order."""
     # What pack_padded_sequence makes. Without this check a hand-built one with
     # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
-    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
+    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != rows:
         sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
         raise RuntimeError(
             "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
-            f"data rows, got batch_sizes {sizes} for {data.shape[0]} rows"
+            f"data rows, got batch_sizes {sizes} for {rows} rows"
         )
-    steps, batch = batch_sizes.numel(), int(batch_sizes[0])
-    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
-    lengths = valid.sum(0)
-    rows = valid.flatten().nonzero().squeeze(1).to(data.device)
-    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
-    return padded.view(steps, batch, data.shape[-1]), lengths, rows
+    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B
+    return valid.sum(0), valid.flatten().nonzero().squeeze(1)
+
+
+def _packed_rows_of_batch(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
+    """_packed_rows for a batch not read from batch_sizes (_packed_batch)."""
+    if batch_sizes.numel() > 0 and int(batch_sizes[0]) != batch:
+        raise RuntimeError(
+            f"PackedSequence: batch_sizes {batch_sizes.tolist()} is a batch of "
+            f"{int(batch_sizes[0])} sequences, but sorted_indices or hx have a batch of {batch}"
+        )
+    return _packed_rows(batch_sizes, batch, rows)
+
+
+# The op torch.compile's graphs call: it checks before anything uses its
+# indices (out of range on a GPU, a device-side assert that ends the process's
+# CUDA context). Eager calls _packed_rows itself, without the dispatch.
+_packed_rows_op = torch.library.custom_op("prnn::packed_rows", _packed_rows_of_batch, mutates_args=())
+
+
+@_packed_rows_op.register_fake
+def _packed_rows_fake(batch_sizes, batch, rows):
+    return batch_sizes.new_empty(batch), batch_sizes.new_empty(rows)
 
 
 def _time_indices(
