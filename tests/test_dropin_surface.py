@@ -8,11 +8,10 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from torch._dynamo.testing import CompileCounterWithBackend
-
 from conftest import assert_close, devices, twins
 
 # Configurations whose attributes differ: nonlinearity, bias, layers, directions.
