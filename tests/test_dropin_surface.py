@@ -331,3 +331,20 @@ def test_packed_rows_op():
     torch.library.opcheck(torch.ops.prnn.packed_rows.default, (torch.tensor([3, 2, 2, 1]), 3, 8))
     lengths, rows = torch.ops.prnn.packed_rows(torch.tensor([3, 2, 2, 1]), 3, 8)
     assert lengths.tolist() == [4, 3, 1] and rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 9]
+
+
+@script_tests
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning")
+@pytest.mark.parametrize(
+    "parametrize",
+    [torch.nn.utils.parametrizations.weight_norm, torch.nn.utils.weight_norm],
+    ids=["parametrizations.weight_norm", "weight_norm hook"],
+)
+def test_script_refuses_computed_weights(parametrize):
+    """A weight computed by a parametrization cannot be scripted (nor can
+    nn.RNN's): one clear error at script time, naming the supported paths,
+    never a scripted model running on the raw weight."""
+    rnn = torch_prnn.PersistentRNN(4, 7)
+    parametrize(rnn, "weight_hh_l0")
+    with pytest.raises(RuntimeError, match=r"\['weight_hh_l0'\] are computed .* torch.compile and torch.export do"):
+        torch.jit.script(Batched(rnn))

@@ -160,6 +160,19 @@ class PersistentRNN(nn.Module):
             self._flat_weights_names = [name for names in self._all_weights for name in names]
             self._init_flat_weights()
 
+    def __prepare_scriptable__(self) -> "PersistentRNN":
+        # torch.jit.script calls this first. The scripted forward reads the
+        # weights from _flat_weights, which cannot follow a computed weight.
+        computed = [name for name in self._flat_weights_names if name not in self._parameters]
+        if computed:
+            raise RuntimeError(
+                f"torch.jit.script: PersistentRNN weights {computed} are computed (weight_norm or "
+                "another parametrization), which TorchScript does not support (nor for nn.RNN); "
+                "torch.compile and torch.export do"
+            )
+        self._init_flat_weights()
+        return self
+
     def reset_parameters(self) -> None:
         # nn.RNN's init, parameter by parameter in the same order: the same seed
         # gives the same weights as nn.RNN.
