@@ -18,5 +18,10 @@ from .lstm import PersistentLSTM  # noqa: E402
 from .ops import plan  # noqa: E402
 from .rnn import PersistentRNN  # noqa: E402
 
+# Whole-model checkpoints (torch.save(model)) load under torch.load's default
+# weights_only=True with the allow-list the same model with nn.RNN needs:
+# torch_prnn's classes are allowed here.
+torch.serialization.add_safe_globals([PersistentRNN])
+
 __version__ = "0.1.0"
 __all__ = ["PersistentRNN", "PersistentLSTM", "PersistentGRU", "plan", "__version__"]

@@ -3,6 +3,7 @@
 import math
 import numbers
 import warnings
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,9 @@ from torch.nn.utils.rnn import PackedSequence
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
 _prnn_layer, _prnn_forward = torch.ops.prnn.layer.default, torch.ops.prnn.forward.default
+# TorchScript knows ops by name, not overload objects: these are prnn::layer and prnn::forward.
+torch.jit._builtins._register_builtin(_prnn_layer, "prnn::layer")
+torch.jit._builtins._register_builtin(_prnn_forward, "prnn::forward")
 
 
 class PersistentRNN(nn.Module):
@@ -26,6 +30,8 @@ class PersistentRNN(nn.Module):
     takes batched, unbatched and packed input and returns ``(output, h_n)``
     as nn.RNN does.
     """
+
+    __jit_unused_properties__ = ["all_weights"]  # not compiled by TorchScript, as nn.RNN's
 
     def __init__(
         self,
@@ -97,6 +103,7 @@ class PersistentRNN(nn.Module):
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
         self.proj_size = 0  # nn.RNN has the attribute (always 0 for RNNs)
+        self.mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
 
         factory_kwargs = {"device": device, "dtype": dtype}
         num_directions = 2 if bidirectional else 1
@@ -117,7 +124,54 @@ class PersistentRNN(nn.Module):
                     setattr(self, name, nn.Parameter(torch.empty(shape, **factory_kwargs)))
                     names.append(name)
                 self._all_weights.append(names)
+        self._flat_weights_names = [name for names in self._all_weights for name in names]
+        self._init_flat_weights()
         self.reset_parameters()
+
+    # nn.RNN's _flat_weights: the weights in _flat_weights_names' order, for
+    # code that reads them. Kept in step as nn.RNN keeps it: on assignment,
+    # after .to() and the like, and in data-parallel replicas.
+
+    def _init_flat_weights(self) -> None:
+        self._flat_weights = [getattr(self, name, None) for name in self._flat_weights_names]
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        names = self.__dict__.get("_flat_weights_names")
+        if names is not None and name in names:
+            self._flat_weights[names.index(name)] = value
+
+    def _apply(self, fn, recurse=True):
+        # Conversions may put new tensors in _parameters directly, not through __setattr__.
+        module = super()._apply(fn, recurse)
+        self._init_flat_weights()
+        return module
+
+    def _replicate_for_data_parallel(self):
+        # A replica's weights are set on the replica: its own list, not the original's.
+        replica = super()._replicate_for_data_parallel()
+        replica._flat_weights = replica._flat_weights[:]
+        return replica
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_flat_weights_names" not in state:  # pickled by a torch_prnn without these attributes
+            self.mode = "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
+            self._flat_weights_names = [name for names in self._all_weights for name in names]
+            self._init_flat_weights()
+
+    def __prepare_scriptable__(self) -> "PersistentRNN":
+        # torch.jit.script calls this first. The scripted forward reads the
+        # weights from _flat_weights, which cannot follow a computed weight.
+        computed = [name for name in self._flat_weights_names if name not in self._parameters]
+        if computed:
+            raise RuntimeError(
+                f"torch.jit.script: PersistentRNN weights {computed} are computed (weight_norm or "
+                "another parametrization), which TorchScript does not support (nor for nn.RNN); "
+                "torch.compile and torch.export do"
+            )
+        self._init_flat_weights()
+        return self
 
     def reset_parameters(self) -> None:
         # nn.RNN's init, parameter by parameter in the same order: the same seed
@@ -150,7 +204,7 @@ class PersistentRNN(nn.Module):
 
     @property
     def all_weights(self) -> list[list[nn.Parameter]]:
-        return [self._weights(index) for index in range(len(self._all_weights))]
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
 
     def flatten_parameters(self) -> None:
         """No-op: the kernels take each layer's weights where they are."""
@@ -169,14 +223,30 @@ class PersistentRNN(nn.Module):
             s += ", bidirectional={bidirectional}"
         return s.format(**self.__dict__)
 
-    def forward(self, input, hx: Tensor | None = None):
-        _refuse_func_autodiff()
+    # TorchScript compiles forward once per input type, as it does nn.RNN's.
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        pass
+
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(  # noqa: F811
+        self, input: PackedSequence, hx: Tensor | None = None
+    ) -> tuple[PackedSequence, Tensor]:
+        pass
+
+    def forward(self, input, hx: Tensor | None = None):  # noqa: F811
+        if not torch.jit.is_scripting():
+            _refuse_func_autodiff()
         num_directions = 2 if self.bidirectional else 1
-        packed = isinstance(input, PackedSequence)
-        if packed:
+        # isinstance and `lengths is not None` (packed input only), not a flag:
+        # TorchScript resolves these at compile time, for each input type.
+        if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            x, lengths, rows = _pad(data, batch_sizes)
+            batch = _packed_batch(batch_sizes, sorted_indices, hx)
+            x, lengths, rows = _pad(data, batch_sizes, batch)
             if hx is not None and sorted_indices is not None:
                 # hx is in the caller's batch order; the padded batch is sorted.
                 # Its shape first (nn.RNN permutes first): a batch too small
@@ -220,22 +290,22 @@ class PersistentRNN(nn.Module):
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
         flip = _time_indices(lengths, steps, x.device)
-        h_n = []
+        states: list[Tensor] = []
         layer_input = x
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0 and self.training:
                 layer_input = F.dropout(layer_input, self.dropout, training=True)
-            outputs = []
+            outputs: list[Tensor] = []
             for direction in range(num_directions):
                 index = layer * num_directions + direction
                 y, h = self._layer(layer_input, hx[index], index, direction == 1, lengths, flip)
                 outputs.append(y)
-                h_n.append(h)
+                states.append(h)
             layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
         # One layer's h_n is already a tensor of its own: a view, not a copy.
-        output, h_n = layer_input, h_n[0].unsqueeze(0) if len(h_n) == 1 else torch.stack(h_n)
+        output, h_n = layer_input, states[0].unsqueeze(0) if len(states) == 1 else torch.stack(states)
 
-        if packed:
+        if lengths is not None:
             output = PackedSequence(
                 output.flatten(0, 1).index_select(0, rows),
                 batch_sizes,
@@ -252,15 +322,17 @@ class PersistentRNN(nn.Module):
         return output, h_n
 
     def _check_input(self, input: Tensor, expected_dim: int) -> None:
-        weight = self._parameters.get("weight_ih_l0")
-        if weight is None:  # replaced by weight_norm or a parametrization
-            weight = self.weight_ih_l0
-        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
-            raise ValueError(
-                f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
-                f"Convert input: input.to({weight.dtype}), or convert model: "
-                f"model.to({input.dtype})"
-            )
+        # Under TorchScript the ops check the dtypes, as nn.RNN's do there.
+        if not torch.jit.is_scripting():
+            weight = self._parameters.get("weight_ih_l0")
+            if weight is None:  # replaced by weight_norm or a parametrization
+                weight = self.weight_ih_l0
+            if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
+                raise ValueError(
+                    f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
+                    f"Convert input: input.to({weight.dtype}), or convert model: "
+                    f"model.to({input.dtype})"
+                )
         if input.dim() != expected_dim:
             raise RuntimeError(f"input must have {expected_dim} dimensions, got {input.dim()}")
         if self.input_size != input.size(-1):
@@ -269,20 +341,34 @@ class PersistentRNN(nn.Module):
                 f"{self.input_size}, got {input.size(-1)}"
             )
 
-    def _weights(self, index: int) -> list[Tensor]:
-        """[w_ih, w_hh, b_ih, b_hh] (no biases without bias) of one layer and direction."""
-        # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
-        # host time the GPU waits for); getattr where weight_norm or a
-        # parametrization replaced a parameter with a computed attribute.
-        params = self._parameters
-        return [
-            w if (w := params.get(name)) is not None else getattr(self, name)
-            for name in self._all_weights[index]
-        ]
+    def _weights(self, index: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """(w_ih, w_hh, b_ih, b_hh) of one layer and direction (biases None without bias)."""
+        if torch.jit.is_scripting():
+            # TorchScript has no _parameters: _flat_weights, which nn.RNN's scripted forward reads.
+            n = len(self._all_weights[index])  # the same for every layer and direction
+            w = self._flat_weights[index * n : index * n + n]
+        else:
+            # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
+            # host time the GPU waits for); getattr where weight_norm or a
+            # parametrization replaced a parameter with a computed attribute.
+            params = self._parameters
+            w = [
+                params[name] if name in params else getattr(self, name)
+                for name in self._all_weights[index]
+            ]
+        return (w[0], w[1], w[2], w[3]) if len(w) == 4 else (w[0], w[1], None, None)
 
-    def _layer(self, x, h0, index, reverse, lengths, flip):
+    def _layer(
+        self,
+        x: Tensor,
+        h0: Tensor,
+        index: int,
+        reverse: bool,
+        lengths: Tensor | None,
+        flip: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
         """One layer and direction: x [T,B,I] -> (y [T,B,H], h_n [B,H])."""
-        w_ih, w_hh, *biases = self._weights(index)
+        w_ih, w_hh, b_ih, b_hh = self._weights(index)
         # h_n comes from the op: each sequence's state after its last step in
         # processing order (in reverse, after its first step in time).
         if reverse:
@@ -292,12 +378,13 @@ class PersistentRNN(nn.Module):
             # b_ih + b_hh written as b_ih - (-1) b_hh: one op like the sum, but
             # its backward gives b_hh a gradient tensor of its own (the sum's
             # hands both biases one, which in-place use of either changes twice).
-            bias = torch.sub(biases[0], biases[1], alpha=-1) if biases else None
+            bias: Tensor | None = None
+            if b_ih is not None and b_hh is not None:
+                bias = torch.sub(b_ih, b_hh, alpha=-1)
             xp = F.linear(x, w_ih, bias)
             y, h_n = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
         else:
             # All steps' input projections in one GEMM, then the recurrence: one op.
-            b_ih, b_hh = biases if biases else (None, None)
             y, h_n = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         return (_flip(y, flip) if reverse else y), h_n
 
@@ -320,27 +407,73 @@ def _refuse_func_autodiff() -> None:
         )
 
 
-def _pad(data: Tensor, batch_sizes: Tensor):
-    """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
-    lengths [B] on the CPU, index of each packed row in the flattened padded
-    [T*B] rows). Packed rows are time-major, each step's sequences in batch
-    order, so they are the valid entries of the padded tensor in row-major order."""
+def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
+    """The number of sequences of a PackedSequence: batch_sizes[0]. Under
+    torch.compile batch_sizes is data to the graph and a size read from it is
+    unbacked, which shapes cannot be compared with; there the batch is
+    sorted_indices' or hx's where one is given, and prnn::packed_rows checks
+    batch_sizes against it when the graph runs."""
+    if torch.compiler.is_compiling():
+        if sorted_indices is not None:
+            return sorted_indices.shape[0]
+        if hx is not None and hx.dim() == 3:
+            return hx.shape[1]
+    return int(batch_sizes[0])
+
+
+def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Packed rows [N, I] of `batch` sequences -> (padded [T, B, I] with zeros
+    past each length, lengths [B] on the CPU, index of each packed row in the
+    flattened padded [T*B] rows, on data's device)."""
+    steps, rows = batch_sizes.numel(), data.shape[0]
+    if torch.compiler.is_compiling():
+        lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
+    else:
+        lengths, index = _packed_rows(batch_sizes, batch, rows)
+    index = index.to(data.device)
+    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
+    return padded.view(steps, batch, data.shape[-1]), lengths, index
+
+
+def _packed_rows(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
+    """A PackedSequence's lengths [batch] and the index of each of its `rows`
+    packed rows in the flattened padded [T*batch] rows, both on the CPU.
+    Packed rows are time-major, each step's sequences in batch order, so they
+    are the valid entries of the padded tensor in row-major order."""
     # What pack_padded_sequence makes. Without this check a hand-built one with
     # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
-    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
+    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != rows:
+        sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
         raise RuntimeError(
             "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
-            f"data rows, got batch_sizes {batch_sizes.tolist()} for {data.shape[0]} rows"
+            f"data rows, got batch_sizes {sizes} for {rows} rows"
         )
-    steps, batch = batch_sizes.numel(), int(batch_sizes[0])
-    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
-    lengths = valid.sum(0)
-    rows = valid.flatten().nonzero().squeeze(1).to(data.device)
-    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
-    return padded.view(steps, batch, data.shape[-1]), lengths, rows
+    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B
+    return valid.sum(0), valid.flatten().nonzero().squeeze(1)
 
 
-def _time_indices(lengths: Tensor | None, steps: int, device):
+def _packed_rows_of_batch(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
+    """_packed_rows for a batch not read from batch_sizes (_packed_batch)."""
+    if batch_sizes.numel() > 0 and int(batch_sizes[0]) != batch:
+        raise RuntimeError(
+            f"PackedSequence: batch_sizes {batch_sizes.tolist()} is a batch of "
+            f"{int(batch_sizes[0])} sequences, but sorted_indices or hx have a batch of {batch}"
+        )
+    return _packed_rows(batch_sizes, batch, rows)
+
+
+# The op torch.compile's graphs call: it checks before anything uses its
+# indices (out of range on a GPU, a device-side assert that ends the process's
+# CUDA context). Eager calls _packed_rows itself, without the dispatch.
+_packed_rows_op = torch.library.custom_op("prnn::packed_rows", _packed_rows_of_batch, mutates_args=())
+
+
+@_packed_rows_op.register_fake
+def _packed_rows_fake(batch_sizes, batch, rows):
+    return batch_sizes.new_empty(batch), batch_sizes.new_empty(rows)
+
+
+def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> Tensor | None:
     """For packed input: the step index [T,B,1] that reverses each sequence
     within its length (padding stays in place). None without lengths."""
     if lengths is None:
