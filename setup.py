@@ -29,6 +29,7 @@ def extension():
         os.path.join("csrc", "ops", "prnn_autograd.cpp"),
         os.path.join(KERNELS, "status.c"),
         os.path.join(KERNELS, "cpu_reference.c"),
+        os.path.join(KERNELS, "resident_host.c"),
     ]
     # One binary for every Python >= 3.10: the module is only a stub that registers ops.
     cxx = ["-O3", "-DPy_LIMITED_API=0x030A0000"]

@@ -299,7 +299,7 @@ static void error_group(void) {
   float xp[T * B * H], h0[B * H], w[H * H], gy[T * B * H], y[T * B * H], gxp[T * B * H];
   double ws[2 * B * H]; /* big enough for float64, aligned for both */
   int32_t lengths[B] = {1, T};
-  prnn_problem_t good = {PRNN_CELL_ELMAN, PRNN_ACT_TANH, PRNN_DTYPE_FLOAT32, T, B, H, 1};
+  prnn_problem_t good = {PRNN_CELL_ELMAN, PRNN_ACT_TANH, PRNN_DTYPE_FLOAT32, T, B, H, 1, 0};
   prnn_forward_args_t fgood = {xp, B * H, H, h0, H, w, H, lengths, y};
   prnn_backward_args_t bgood = {gy, B * H, H, y, w, H, lengths, gxp};
   const size_t wsb = 2 * B * H * sizeof(float);
