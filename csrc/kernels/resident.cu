@@ -583,6 +583,9 @@ prnn_status_t resident_device(int device, ResidentDevice *d) {
       for (prnn_activation_t activation : activations)
         for (prnn_dtype_t dtype : dtypes) {
           const void *fn = (const void *)kernel_of(cell, activation, dtype);
+          cudaFuncAttributes attributes;
+          err = cudaFuncGetAttributes(&attributes, fn); /* loads it */
+          if (err != cudaSuccess) return cuda_fail(err, "cudaFuncGetAttributes(resident kernel)");
           /* The device's whole opt-in limit, set once; the plan checks each size. */
           err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, d->smem_optin);
           if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(resident kernel)");
