@@ -424,15 +424,18 @@ def test_closing_paths_stop_the_kernel(fake_kernels):
     assert stream.closed and kernels[-1].stopped
 
 
-def test_many_open_close_cycles(fake_kernels):
-    module = make_module("rnn", 5, 6)
-    x = torch.randn(1, 5)
+def check_open_close_cycles(module, x, cycles):
+    """Every stream of `cycles` opened and closed in turn starts from a zero state."""
     first = None
-    for _ in range(50):
+    for _ in range(cycles):
         with torch_prnn.Stream(module) as stream:
             y = stream.step(x)
         first = y if first is None else first
-        assert torch.equal(y, first)  # every stream starts from a zero state
+        assert torch.equal(y, first)
+
+
+def test_many_open_close_cycles(fake_kernels):
+    check_open_close_cycles(make_module("rnn", 5, 6), torch.randn(1, 5), 50)
     assert all(k.stopped for k in fake_kernels[0])
 
 
@@ -605,14 +608,7 @@ def test_cuda_step_devices_and_out():
 @needs_cuda
 @pytest.mark.hang_guard(300)
 def test_cuda_close_and_reopen_cycles():
-    module = cuda_module("rnn", 32, 256)
-    x = torch.randn(1, 32)
-    first = None
-    for _ in range(100):
-        with torch_prnn.Stream(module) as stream:
-            y = stream.step(x)
-        first = y if first is None else first
-        assert torch.equal(y, first)
+    check_open_close_cycles(cuda_module("rnn", 32, 256), torch.randn(1, 32), 100)
     torch.cuda.synchronize()  # nothing left running
 
 

@@ -417,7 +417,8 @@ typedef struct prnn_resident_layer {
 typedef struct prnn_resident_args {
   prnn_resident_layer_t layer[PRNN_RESIDENT_MAX_LAYERS]; /* the first problem->layers */
   prnn_resident_mailbox_t *mailbox;
-  const void *x;             /* batch x input, contiguous: a STEP's x_t */
+  const void *x;             /* batch x input, contiguous, 16-byte aligned: a STEP's x_t (read in
+                                16-byte words, up to 15 bytes past its end) */
   void *y;                   /* batch x hidden, contiguous: a STEP's y_t (the top layer's h_t) */
   float *h;                  /* layers x batch x hidden, contiguous, float32: SET_STATE / GET_STATE's h */
   float *c;                  /* LSTM: layers x batch x hidden, float32, likewise for c; else NULL */

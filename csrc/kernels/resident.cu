@@ -14,8 +14,9 @@
  *
  * A command, as CTAs see it:
  *   CTA 0's thread 0 polls the mailbox (host memory) for a new request; for a
- *   STEP, CTA 0 copies x_t into a device buffer; then it relays the command
- *   through a device word that the other CTAs poll (L2);
+ *   STEP, CTA 0 copies x_t into device memory (16-byte reads, all in flight);
+ *   then it relays the command through a device word that the other CTAs
+ *   poll (L2);
  *   STEP: for each layer, stage its input (x_t, or the layer below's h_t from
  *   L2), multiply the input side (a warp per row), add the recurrent side
  *   computed after the previous command, apply the cell, publish h_t (the top
@@ -43,6 +44,7 @@ const int kVec = 4;             /* elements a lane reads at once in the products
 const int kKAlign = 32 * kVec;  /* a row's input and recurrent parts are padded to this */
 const int kSeqGroup = 4;        /* sequences a warp multiplies per pass over a row */
 const int kMaxBatchTile = 8;    /* sequences staged at once */
+const int kLoadsInFlight = 8;   /* loads a thread issues before it stores what they return */
 /* Weight bytes a CTA aims to hold: fewer CTAs make a cheaper barrier, fewer
  * rows a CTA a shorter product; the least grid that fits comes first. */
 const size_t kTargetCtaWeightBytes = 64 * 1024;
@@ -98,7 +100,7 @@ struct ResidentParams {
   float *h_host, *c_host;           /* host-mapped, layers x batch x hidden */
   const uint8_t *mask;              /* host-mapped, batch */
   Control *control;                 /* device workspace */
-  float *x_relay;                   /* device workspace, batch x input */
+  void *x_relay;                    /* device workspace: a copy of x (batch x input elements) */
   float *state;                     /* device workspace, 2 x layers x batch x hidden: h by parity */
 };
 
@@ -168,9 +170,9 @@ __device__ __forceinline__ unsigned host_load_u8(const uint8_t *p) {
   asm volatile("ld.relaxed.sys.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned short host_load_u16(const void *p) {
-  unsigned short v;
-  asm volatile("ld.relaxed.sys.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint4 host_load_v4(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.relaxed.sys.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 __device__ __forceinline__ float host_load(const float *p) {
@@ -178,8 +180,6 @@ __device__ __forceinline__ float host_load(const float *p) {
   asm volatile("ld.relaxed.sys.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ float host_load(const __nv_bfloat16 *p) { return __bfloat162float(__ushort_as_bfloat16(host_load_u16(p))); }
-__device__ __forceinline__ float host_load(const __half *p) { return __half2float(__ushort_as_half(host_load_u16(p))); }
 
 __device__ __forceinline__ void host_store(float *p, float v) {
   asm volatile("st.relaxed.sys.f32 [%0], %1;" : : "l"(p), "f"(v) : "memory");
@@ -290,11 +290,65 @@ __device__ void row_products(const E *w, int w_stride, int K, int rows, int U, i
   }
 }
 
-/* staged[j * K + k] = src[(b0 + j) * width + k] for k < width, else 0 (src in L2). */
-__device__ void stage(const float *src, int width, int b0, int nb, int K, float *staged) {
-  for (int idx = threadIdx.x; idx < nb * K; idx += blockDim.x) {
-    const int j = idx / K, k = idx % K;
-    staged[idx] = k < width ? __ldcg(src + (size_t)(b0 + j) * width + k) : 0.f;
+/* kVec consecutive elements from L2 as floats (4-element aligned). */
+__device__ __forceinline__ float4 load4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
+template <typename E>
+__device__ __forceinline__ float4 load4(const E *p) {
+  const uint2 q = __ldcg(reinterpret_cast<const uint2 *>(p));
+  const E *e = reinterpret_cast<const E *>(&q);
+  return make_float4(to_accum(e[0]), to_accum(e[1]), to_accum(e[2]), to_accum(e[3]));
+}
+
+/* staged[j * K + k] = src[(b0 + j) * width + k] for k < width, else 0, for the
+ * nb sequences (src in L2, written by other CTAs). Each thread issues
+ * kLoadsInFlight loads before storing what they return: the step waits for
+ * one L2 round trip, not one a load. */
+template <typename S>
+__device__ void stage(const S *src, int width, int b0, int nb, int K, float *staged) {
+  if (width % kVec == 0) { /* whole, aligned 4-element chunks (K is a multiple of kVec too) */
+    const int chunks = nb * K / kVec;
+    for (int i0 = threadIdx.x; i0 < chunks; i0 += kLoadsInFlight * blockDim.x) {
+      float4 v[kLoadsInFlight];
+#pragma unroll
+      for (int i = 0; i < kLoadsInFlight; ++i) {
+        const int chunk = i0 + i * blockDim.x, j = chunk * kVec / K, k = chunk * kVec % K;
+        v[i] = chunk < chunks && k < width ? load4(src + (size_t)(b0 + j) * width + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int i = 0; i < kLoadsInFlight; ++i)
+        if (i0 + i * blockDim.x < chunks) reinterpret_cast<float4 *>(staged)[i0 + i * blockDim.x] = v[i];
+    }
+    return;
+  }
+  const int n = nb * K;
+  for (int i0 = threadIdx.x; i0 < n; i0 += kLoadsInFlight * blockDim.x) {
+    float v[kLoadsInFlight];
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) {
+      const int idx = i0 + i * blockDim.x, j = idx / K, k = idx % K;
+      v[i] = idx < n && k < width ? to_accum(__ldcg(src + (size_t)(b0 + j) * width + k)) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i)
+      if (i0 + i * blockDim.x < n) staged[i0 + i * blockDim.x] = v[i];
+  }
+}
+
+/* CTA 0's copy of a STEP's x from host memory into the device's x_relay: 16
+ * bytes a load, kLoadsInFlight loads in flight a thread, so the copy costs
+ * about one round trip over the bus. */
+__device__ void relay_input(const ResidentParams &p, size_t bytes) {
+  const int words = (int)((bytes + 15) / 16);
+  const uint4 *src = static_cast<const uint4 *>(p.x);
+  uint4 *dst = static_cast<uint4 *>(p.x_relay);
+  for (int w0 = threadIdx.x; w0 < words; w0 += kLoadsInFlight * blockDim.x) {
+    uint4 v[kLoadsInFlight];
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i)
+      if (w0 + i * blockDim.x < words) v[i] = host_load_v4(src + w0 + i * blockDim.x);
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i)
+      if (w0 + i * blockDim.x < words) dst[w0 + i * blockDim.x] = v[i];
   }
 }
 
@@ -368,11 +422,11 @@ __device__ void run_step(const ResidentParams &p, const Smem<E> &s, int parity, 
   float *next = p.state + (size_t)(parity ^ 1) * L * B * H;
   E *y = static_cast<E *>(p.y);
   for (int l = 0; l < L; ++l) {
-    const float *in = l == 0 ? p.x_relay : next + (size_t)(l - 1) * B * H;
     const int width = l == 0 ? p.input : H, kx = input_part(p, l);
     for (int b0 = 0; b0 < B; b0 += p.tile) {
       const int nb = min(p.tile, B - b0);
-      stage(in, width, b0, nb, kx, s.staged);
+      if (l == 0) stage(static_cast<const E *>(p.x_relay), width, b0, nb, kx, s.staged);
+      else stage(next + (size_t)(l - 1) * B * H, width, b0, nb, kx, s.staged);
       __syncthreads();
       row_products(s.weights + layer_offset(p, R, l), kx + p.kh, kx, R, U, units, s.staged, nb, s.sums, p.tile);
       __syncthreads();
@@ -447,10 +501,7 @@ __device__ unsigned next_command(const ResidentParams &p, unsigned seen, unsigne
       *s_command = host_load_u32(&p.mailbox->command);
     }
     __syncthreads();
-    if (*s_command == PRNN_RESIDENT_STEP) {
-      const E *x = static_cast<const E *>(p.x);
-      for (int i = threadIdx.x; i < p.batch * p.input; i += blockDim.x) p.x_relay[i] = host_load(x + i);
-    }
+    if (*s_command == PRNN_RESIDENT_STEP) relay_input(p, (size_t)p.batch * p.input * sizeof(E));
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence(); /* the relayed x_t before the command */
@@ -689,7 +740,8 @@ prnn_status_t plan_resident(const prnn_resident_problem_t *pb, int device, Resid
                      l->smem_bytes);
   const size_t kWorkspaceAlign = 256;
   l->x_relay_offset = align_up(sizeof(Control), kWorkspaceAlign);
-  l->state_offset = align_up(l->x_relay_offset + (size_t)pb->batch * pb->input * sizeof(float), kWorkspaceAlign);
+  l->state_offset = align_up(l->x_relay_offset + (size_t)pb->batch * pb->input * prnn_dtype_size(pb->dtype),
+                             kWorkspaceAlign);
   l->workspace_bytes = l->state_offset + 2 * (size_t)pb->layers * pb->batch * pb->hidden * sizeof(float);
   return PRNN_STATUS_SUCCESS;
 }
@@ -776,7 +828,7 @@ prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem, 
   p.mask = args->mask;
   char *ws = static_cast<char *>(workspace);
   p.control = reinterpret_cast<Control *>(ws);
-  p.x_relay = reinterpret_cast<float *>(ws + l.x_relay_offset);
+  p.x_relay = ws + l.x_relay_offset;
   p.state = reinterpret_cast<float *>(ws + l.state_offset);
   err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, (cudaStream_t)stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync(resident workspace)");

@@ -76,7 +76,7 @@ struct Abandoned {
   std::unique_ptr<ResidentKernel> kernel;
   at::Tensor storage;
 };
-std::mutex g_abandoned_mutex;
+std::mutex* g_abandoned_mutex = new std::mutex();
 std::vector<Abandoned>* g_abandoned = new std::vector<Abandoned>();
 
 class ResidentStream : public torch::CustomClassHolder {
@@ -379,7 +379,7 @@ class ResidentStream : public torch::CustomClassHolder {
     if (kernel_ != nullptr && !kernel_->wait_ended(timeout_s_)) {
       const int64_t ctas = kernel_->ctas();
       {
-        std::lock_guard<std::mutex> lock(g_abandoned_mutex);
+        std::lock_guard<std::mutex> lock(*g_abandoned_mutex);
         g_abandoned->push_back(Abandoned{std::move(kernel_), buffers_.storage});
       }
       release();

@@ -23,12 +23,14 @@
 namespace torch_prnn {
 namespace {
 
-std::mutex g_held_mutex;
-std::map<int64_t, int64_t> g_held_sms;  // device -> SMs held by resident kernels that have not ended
+// device -> SMs held by resident kernels that have not ended. Never freed: a
+// stream may be destroyed as the process exits, after static destructors.
+std::mutex* g_held_mutex = new std::mutex();
+std::map<int64_t, int64_t>* g_held_sms = new std::map<int64_t, int64_t>();
 
 void release_sms(int64_t device, int64_t ctas) {
-  std::lock_guard<std::mutex> lock(g_held_mutex);
-  g_held_sms[device] -= ctas;
+  std::lock_guard<std::mutex> lock(*g_held_mutex);
+  (*g_held_sms)[device] -= ctas;
 }
 
 void cuda_check(cudaError_t err, const char* what) {
@@ -151,8 +153,8 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
   prnn_resident_problem_t problem{s.cell, s.activation, s.dtype, s.layers, s.batch, s.input, s.hidden, 0};
   prnn_resident_plan_t plan{};
   {
-    std::lock_guard<std::mutex> lock(g_held_mutex);
-    const int64_t held = g_held_sms[device], free_sms = sms - held;
+    std::lock_guard<std::mutex> lock(*g_held_mutex);
+    const int64_t held = (*g_held_sms)[device], free_sms = sms - held;
     const int64_t allowed = max_sms > 0 ? std::min<int64_t>(max_sms, sms) : sms;
     TORCH_CHECK(free_sms >= 1, "Stream: all ", sms, " SMs of cuda:", device,
                 " are held by open streams; close one to open another");
@@ -169,7 +171,7 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
                   " SMs (", detail, "); close a stream first");
     }
     check_status("Stream", status);
-    g_held_sms[device] += plan.grid;
+    (*g_held_sms)[device] += plan.grid;
   }
 
   cudaStream_t stream = nullptr;
