@@ -56,8 +56,11 @@ class Stream:
             its size, at most the free ones).
 
     The kernel holds only the SMs its CTAs need (:attr:`sms`); other kernels
-    keep running on the GPU beside it. Opening a stream that does not fit
-    beside the open ones raises before launching. While a stream is open,
+    keep running on the GPU beside it, but a launch that needs more SMs at
+    once than are free (PersistentRNN's persistent tiers, other cooperative or
+    cluster kernels) waits for them: leave room with ``max_sms``. Opening a
+    stream that does not fit beside the open ones of this process raises
+    before launching. While a stream is open,
     device-wide synchronisation waits for it, since its kernel only ends when
     the stream closes: ``torch.cuda.synchronize()``,
     ``torch.cuda.empty_cache()`` (and anything else that calls
