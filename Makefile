@@ -27,8 +27,13 @@ build/test_cpu_reference: tests/c/test_cpu_reference.c csrc/kernels/status.c \
 	@mkdir -p build
 	$(CC) $(CFLAGS_TEST) -o $@ $(filter %.c,$^) -lm
 
-ctest: build/test_cpu_reference
+build/test_resident_host: tests/c/test_resident_host.c csrc/kernels/resident_host.c csrc/kernels/prnn.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_TEST) -o $@ $(filter %.c,$^)
+
+ctest: build/test_cpu_reference build/test_resident_host
 	./build/test_cpu_reference
+	./build/test_resident_host
 
 spills:
 	$(PYTHON) tools/check_spills.py

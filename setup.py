@@ -36,9 +36,11 @@ def extension():
     common = [
         os.path.join("csrc", "ops", "prnn_ops.cpp"),
         os.path.join("csrc", "ops", "prnn_autograd.cpp"),
+        os.path.join("csrc", "ops", "prnn_stream.cpp"),
         os.path.join(KERNELS, "status.c"),
         os.path.join(KERNELS, "cpu_reference.c"),
         os.path.join(KERNELS, "cpu_gated.c"),
+        os.path.join(KERNELS, "resident_host.c"),
     ]
     # One binary for every Python >= 3.10: the module is only a stub that registers ops.
     cxx = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
@@ -52,7 +54,9 @@ def extension():
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;8.6;8.9;9.0+PTX")
     return CUDAExtension(
         "torch_prnn._C",
-        common + [os.path.join("csrc", "ops", "prnn_ops_cuda.cpp")] + sources("csrc/kernels/*.cu"),
+        common
+        + [os.path.join("csrc", "ops", "prnn_ops_cuda.cpp"), os.path.join("csrc", "ops", "prnn_stream_cuda.cpp")]
+        + sources("csrc/kernels/*.cu"),
         define_macros=[("WITH_CUDA", None)],
         # No fast-math: the kernels must match nn.RNN's numerics.
         extra_compile_args={

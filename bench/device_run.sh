@@ -2,7 +2,7 @@
 # Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [--results DIR] [stages...]
-#   stages: build test (TEST_ARGS) gputest bench quick diag spread trace lab projlab plabablate profile fusedprobe sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag spread trace lab projlab plabablate profile fusedprobe sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
 # The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
@@ -75,6 +75,12 @@ for s in "${stages[@]}"; do
     bench)
       stage bench python3 bench/bench.py --floor build/floor --out "$results"
       tail -115 "$LOG/bench.log" ;;
+    stream) # one timestep a call: Stream.step against nn.RNN eager and in a CUDA graph
+      stage stream python3 bench/stream_bench.py --out "$results"
+      tail -25 "$LOG/stream.log" ;;
+    streamtest)
+      stage streamtest python3 -m pytest -q -rfs --tb=short --durations=10 tests/test_stream.py
+      tail -30 "$LOG/streamtest.log" ;;
     diag)
       stage diag python3 bench/bench.py --diag
       cat "$LOG/diag.log" ;;

@@ -89,3 +89,25 @@ prnn_status_t prnn_gated_backward_data_cuda(const prnn_problem_t *problem,
   (void)stream;
   return not_compiled();
 }
+
+prnn_status_t prnn_resident_plan_cuda(const prnn_resident_problem_t *problem, int device,
+                                      prnn_resident_plan_t *plan) {
+  (void)problem;
+  (void)device;
+  if (plan != NULL) {
+    plan->grid = plan->block = plan->units_per_cta = plan->smem_bytes = 0;
+    plan->workspace_bytes = 0;
+  }
+  return not_compiled();
+}
+
+prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem,
+                                        const prnn_resident_args_t *args, void *workspace,
+                                        size_t workspace_bytes, prnn_stream_t stream) {
+  (void)problem;
+  (void)args;
+  (void)workspace;
+  (void)workspace_bytes;
+  (void)stream;
+  return not_compiled();
+}

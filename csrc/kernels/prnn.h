@@ -322,6 +322,150 @@ prnn_status_t prnn_gated_backward_data_cuda(const prnn_problem_t *problem,
                                             void *workspace, size_t workspace_bytes,
                                             prnn_stream_t stream);
 
+
+/*
+ * Resident mode: one timestep a call, at the cost of one step. One launch
+ * keeps a module's layers on chip (every CTA holds the W_ih and W_hh rows of
+ * its hidden units, and their biases, in shared memory) and waits for
+ * commands from the host in a mailbox. A STEP runs one timestep of every
+ * layer from x_t and returns the top layer's h_t; the state (h, and c for an
+ * LSTM) stays on the GPU between steps. Layers run in turn inside the one
+ * launch; unidirectional only.
+ *
+ * Every layer computes what the whole-sequence passes compute, with the
+ * input projection done in-kernel and rounded to the element type as the
+ * projection GEMM's output is:
+ *   Elman:  h_t = act(round(W_ih x_t + round(b_ih + b_hh)) + W_hh h_{t-1})
+ *   gated:  xp_t = round(W_ih x_t + b_ih), then the gated cell above with b_hh
+ * with float32 accumulation, h rounded to the element type each step and an
+ * LSTM's c kept in float32. Layer l > 0 takes layer l-1's h_t as its x_t.
+ *
+ * The mailbox and the step's input and output buffers live in host-mapped
+ * (pinned) memory that both sides read and write; the host half of the
+ * protocol (prnn_resident_post / prnn_resident_wait) makes no CUDA call.
+ *   1. the host writes what the command reads (x, the state or the reset
+ *      mask), then posts the command: `command`, then `request` = the next
+ *      sequence number, with a release store;
+ *   2. the kernel sees the new request, runs the command on every CTA, and
+ *      writes what it returns (y, or the state) before setting `response`
+ *      to that sequence number;
+ *   3. the host waits for `response` (with a timeout: the kernel only ends
+ *      on a STOP) and then reads the result.
+ * One command is in flight at a time. Sequence numbers are compared for
+ * equality only, so they may wrap.
+ *
+ * The launch needs all its CTAs resident at once (a cooperative launch, one
+ * CTA per SM at most) for as long as it runs: a caller that opens several must
+ * keep the sum of their grids within the device's SMs, or a later launch waits
+ * for SMs that never free. While it runs, device-wide synchronisation
+ * (cudaDeviceSynchronize, cudaFree, which waits for the device) does not
+ * return until a STOP ends it.
+ */
+
+#define PRNN_RESIDENT_MAX_LAYERS 8
+
+typedef enum prnn_resident_command {
+  PRNN_RESIDENT_STEP = 1,       /* one timestep of every layer: reads x, writes y */
+  PRNN_RESIDENT_SET_STATE = 2,  /* every layer's state from the state buffers h (and c) */
+  PRNN_RESIDENT_GET_STATE = 3,  /* every layer's state into the state buffers h (and c) */
+  PRNN_RESIDENT_RESET = 4,      /* zero the state of the sequences b with mask[b] != 0 */
+  PRNN_RESIDENT_STOP = 5        /* answer, then end the kernel */
+} prnn_resident_command_t;
+
+/* Alignment of the mailbox (its two halves are 128-byte lines). */
+#define PRNN_RESIDENT_MAILBOX_ALIGNMENT 128
+
+/* The mailbox: host-mapped memory, PRNN_RESIDENT_MAILBOX_ALIGNMENT-aligned,
+ * zeroed by prnn_resident_mailbox_init before the launch. */
+typedef struct prnn_resident_mailbox {
+  /* written by the host */
+  uint32_t request;          /* sequence number of the latest command (0: none yet) */
+  uint32_t command;          /* that command (prnn_resident_command_t), written before request */
+  uint32_t posted;           /* host-only: the last sequence number posted */
+  uint32_t host_pad[29];
+  /* written by the kernel */
+  uint32_t response;         /* sequence number of the last command done */
+  uint32_t ready;            /* nonzero once the weights are on chip and the kernel waits for commands */
+  uint32_t kernel_pad[30];
+} prnn_resident_mailbox_t;
+
+/* The problem of a resident launch. */
+typedef struct prnn_resident_problem {
+  prnn_cell_t cell;
+  prnn_activation_t activation; /* Elman only */
+  prnn_dtype_t dtype;           /* float32, bfloat16 or float16 */
+  int64_t layers;               /* 1 .. PRNN_RESIDENT_MAX_LAYERS */
+  int64_t batch;                /* B >= 1 */
+  int64_t input;                /* I >= 1: width of x */
+  int64_t hidden;               /* H >= 1 */
+  int64_t max_ctas;             /* >= 1: the most CTAs (SMs) the launch may hold */
+} prnn_resident_problem_t;
+
+/* One layer's weights (G gates a unit: 1 Elman, 4 LSTM, 3 GRU; in_l = input for
+ * layer 0, hidden above). Device memory of the current device, read by the
+ * kernel before it reports ready; the caller may change or free them after. */
+typedef struct prnn_resident_layer {
+  const void *w_ih;          /* G*hidden x in_l: W_ih[i][k] at w_ih[i * w_ih_stride + k] */
+  int64_t w_ih_stride;
+  const void *w_hh;          /* G*hidden x hidden: W_hh[i][j] at w_hh[i * w_hh_stride + j] */
+  int64_t w_hh_stride;
+  const void *b_ih;          /* G*hidden, contiguous; b_ih and b_hh both NULL for no bias */
+  const void *b_hh;
+} prnn_resident_layer_t;
+
+/* The launch's tensors. The mailbox and the buffers are host-mapped memory,
+ * passed as the device's addresses of it (cudaHostGetDevicePointer, or the
+ * host address under unified addressing). */
+typedef struct prnn_resident_args {
+  prnn_resident_layer_t layer[PRNN_RESIDENT_MAX_LAYERS]; /* the first problem->layers */
+  prnn_resident_mailbox_t *mailbox;
+  const void *x;             /* batch x input, contiguous, 16-byte aligned: a STEP's x_t (read in
+                                16-byte words, up to 15 bytes past its end) */
+  void *y;                   /* batch x hidden, contiguous: a STEP's y_t (the top layer's h_t) */
+  float *h;                  /* layers x batch x hidden, contiguous, float32: SET_STATE / GET_STATE's h */
+  float *c;                  /* LSTM: layers x batch x hidden, float32, likewise for c; else NULL */
+  const uint8_t *mask;       /* batch: RESET's rows */
+} prnn_resident_args_t;
+
+/* What the resident plan says. */
+typedef struct prnn_resident_plan {
+  int grid;                  /* CTAs, one per SM at most: the SMs the launch holds */
+  int block;                 /* threads per CTA */
+  int units_per_cta;         /* hidden units each CTA owns, in every layer */
+  int smem_bytes;            /* dynamic shared memory per CTA */
+  size_t workspace_bytes;    /* device workspace the launch needs */
+} prnn_resident_plan_t;
+
+/* Checks a resident problem and plans it on `device`: as many CTAs as hold
+ * about 64 KiB of weights each (fewer rows a CTA make a shorter step, fewer
+ * CTAs a cheaper barrier), at least as many as the weights need to fit in
+ * shared memory and at most max_ctas and the device's SMs.
+ * PRNN_STATUS_NOT_SUPPORTED (prnn_last_error() says why) when the weights do
+ * not fit in that many CTAs, or for float64. */
+prnn_status_t prnn_resident_plan_cuda(const prnn_resident_problem_t *problem, int device,
+                                      prnn_resident_plan_t *plan);
+
+/* Zeroes the workspace and launches the resident kernel on `stream`
+ * (asynchronous; use a stream of its own, created non-blocking, so that work
+ * on the legacy default stream does not wait for it). The kernel sets
+ * mailbox->ready once it holds the weights, then runs commands until a STOP.
+ * The mailbox must have been initialised by prnn_resident_mailbox_init. */
+prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem,
+                                        const prnn_resident_args_t *args, void *workspace,
+                                        size_t workspace_bytes, prnn_stream_t stream);
+
+/* The host half of the protocol: plain memory accesses, no CUDA call, in
+ * every build. A mailbox has one host thread posting at a time. */
+void prnn_resident_mailbox_init(prnn_resident_mailbox_t *mailbox);
+/* Posts a command (after the host has written what it reads); returns its
+ * sequence number. */
+uint32_t prnn_resident_post(prnn_resident_mailbox_t *mailbox, prnn_resident_command_t command);
+/* Waits up to timeout_ns (>= 0; 0 looks once) for the answer to command `seq`;
+ * nonzero when it came. */
+int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int64_t timeout_ns);
+/* Nonzero once the kernel reported ready. */
+int prnn_resident_is_ready(const prnn_resident_mailbox_t *mailbox);
+
 #ifdef __cplusplus
 }
 #endif

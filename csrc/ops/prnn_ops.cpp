@@ -14,13 +14,19 @@
 #include <vector>
 
 #include "prnn_ops.h"
+#include "prnn_stream.h"
 
 extern "C" {
 // Importing torch_prnn._C loads this library, whose TORCH_LIBRARY blocks
-// register the ops; the module itself is empty.
+// register the ops; the module itself holds only the stream's hot path.
 PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && torch_prnn::add_stream_functions(module) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
 }
 

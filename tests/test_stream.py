@@ -1,0 +1,723 @@
+"""torch_prnn.Stream: a module resident on the GPU, one timestep a call.
+
+On the CPU: the argument checks of Stream and of its host side
+(torch.classes.prnn.ResidentStream), and the whole Python object against a
+fake kernel - a thread that answers the mailbox as the resident kernel does,
+computing the cells in float64 - so that steps, state, resets, timeouts and
+closing are tested without a GPU. With CUDA: the resident kernel itself
+against the whole-sequence forward, its state commands, co-residency with
+other work, refusals, and closing."""
+import copy
+import gc
+import threading
+import time
+
+import pytest
+import torch
+
+import conftest
+import torch_prnn
+import torch_prnn.stream as stream_module
+from conftest import TOL, rel_err, run_python
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+STEP, SET_STATE, GET_STATE, RESET, STOP = 1, 2, 3, 4, 5
+REQUEST, COMMAND, POSTED, RESPONSE, READY = 0, 1, 2, 32, 33  # int32 words of the mailbox (prnn.h)
+
+
+@pytest.fixture(autouse=True)
+def _no_stream_left_open():
+    """A stream left open would make any later device-wide synchronisation wait for it."""
+    yield
+    left = list(stream_module._open_streams)
+    for s in left:
+        s.close()
+    assert not left, f"streams left open: {left}"
+
+
+# ---- float64 cells -----------------------------------------------------------
+
+def cell_step(cell, nonlinearity, layer_weights, x, h, c):
+    """One step of one layer in float64 (PyTorch's definitions); returns (h, c)."""
+    w_ih, w_hh, *b = [w.double() for w in layer_weights]
+    b_ih, b_hh = b if b else (0.0, 0.0)
+    gi, gh = x @ w_ih.t() + b_ih, h @ w_hh.t() + b_hh
+    if cell == "rnn":
+        return (torch.tanh if nonlinearity == "tanh" else torch.relu)(gi + gh), c
+    if cell == "lstm":
+        i, f, g, o = (gi + gh).chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+    r_i, z_i, n_i = gi.chunk(3, 1)
+    r_h, z_h, n_h = gh.chunk(3, 1)
+    r, z = torch.sigmoid(r_i + r_h), torch.sigmoid(z_i + z_h)
+    n = torch.tanh(n_i + r * n_h)
+    return (1 - z) * n + z * h, c
+
+
+def weights_by_layer(module):
+    _, _, layers, _, _, bias, _, weights = stream_module._describe(module)
+    per = 4 if bias else 2
+    return [weights[i * per:(i + 1) * per] for i in range(layers)]
+
+
+class FakeKernel(threading.Thread):
+    """Plays the resident kernel for a ResidentStream built without pinned
+    memory: answers its mailbox, computing in float64 and rounding h to the
+    stream's dtype and an LSTM's c to float32 each step, as the kernel keeps
+    them. stall=True never answers (but still ends on a STOP it sees)."""
+
+    def __init__(self, port, cell, nonlinearity, layer_weights, dtype, stall=False):
+        super().__init__(daemon=True)
+        self.mailbox, self.x, self.y, self.h_buf, self.c_buf, self.mask = port.buffers()
+        self.mailbox = self.mailbox.numpy()
+        self.cell, self.nonlinearity, self.layers, self.dtype = cell, nonlinearity, layer_weights, dtype
+        self.stall, self.stopped, self.commands = stall, False, []
+        L, B, H = self.h_buf.shape
+        self.h = torch.zeros(L, B, H, dtype=torch.float64)
+        self.c = torch.zeros(L, B, H, dtype=torch.float64)
+
+    def run(self):
+        self.mailbox[READY] = 1
+        seen = 0
+        while True:
+            seq = int(self.mailbox[REQUEST])
+            if seq == seen:
+                time.sleep(20e-6)
+                continue
+            seen, command = seq, int(self.mailbox[COMMAND])
+            self.commands.append(command)
+            if command == STOP:
+                self.stopped = True
+                self.mailbox[RESPONSE] = seq
+                return
+            if self.stall:
+                continue
+            self.execute(command)
+            self.mailbox[RESPONSE] = seq
+
+    def execute(self, command):
+        if command == STEP:
+            inp = self.x.double()
+            for layer, weights in enumerate(self.layers):
+                h, c = cell_step(self.cell, self.nonlinearity, weights, inp, self.h[layer], self.c[layer])
+                self.h[layer], self.c[layer] = h.to(self.dtype).double(), c.float().double()
+                inp = self.h[layer]
+            self.y.copy_(inp.to(self.dtype))
+        elif command == GET_STATE:
+            self.h_buf.copy_(self.h)
+            if self.cell == "lstm":
+                self.c_buf.copy_(self.c)
+        elif command == SET_STATE:
+            self.h.copy_(self.h_buf)
+            if self.cell == "lstm":
+                self.c.copy_(self.c_buf)
+        elif command == RESET:
+            rows = self.mask.bool()
+            self.h[:, rows] = 0
+            self.c[:, rows] = 0
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """Streams open on the CPU, answered by FakeKernel threads (the list they
+    append to); stall_next[0] = True makes the next one stall."""
+    kernels, stall_next = [], [False]
+
+    def launch(self, weights, bias, device, max_sms, start_timeout):
+        per = 4 if bias else 2
+        weights = [w.clone() for w in weights]  # the kernel copies them when it starts
+        layer_weights = [weights[i * per:(i + 1) * per] for i in range(len(weights) // per)]
+        kernel = FakeKernel(self._port, self._cell.split("_")[0], self._cell.split("_")[-1], layer_weights,
+                            self._dtype, stall=stall_next[0])
+        kernel.start()
+        while not kernel.mailbox[READY]:
+            time.sleep(1e-4)
+        kernels.append(kernel)
+        return [1, 256, self._hidden_size, 0]
+
+    monkeypatch.setattr(torch_prnn.Stream, "_device_for", staticmethod(lambda weight_device, device: torch.device("cpu")))
+    monkeypatch.setattr(torch_prnn.Stream, "_launch", launch)
+    return kernels, stall_next
+
+
+def make_module(cell, input_size, hidden_size, num_layers=1, bias=True, dtype=torch.float32, device="cpu",
+                nonlinearity="tanh"):
+    if cell == "rnn":
+        return torch_prnn.PersistentRNN(input_size, hidden_size, num_layers, nonlinearity=nonlinearity, bias=bias,
+                                        device=device, dtype=dtype)
+    cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+    return cls(input_size, hidden_size, num_layers, bias=bias, device=device, dtype=dtype)
+
+
+def reference(module, x, state=None):
+    """The module's whole-sequence function in float64 on the CPU: y [T, B, H] and the final state."""
+    cell = stream_module._describe(module)[0]
+    nonlinearity = getattr(module, "nonlinearity", "tanh")
+    layers = weights_by_layer(module)
+    T, B, _ = x.shape
+    H = module.hidden_size
+    if state is None:
+        h = torch.zeros(len(layers), B, H, dtype=torch.float64)
+        c = torch.zeros_like(h)
+    else:
+        h, c = (state if isinstance(state, tuple) else (state, torch.zeros_like(state)))
+        h, c = h.double().cpu().clone(), c.double().cpu().clone()
+    ys = []
+    for t in range(T):
+        inp = x[t].double().cpu()
+        for layer, weights in enumerate(layers):
+            h[layer], c[layer] = cell_step(cell, nonlinearity, [w.cpu() for w in weights], inp, h[layer], c[layer])
+            inp = h[layer]
+        ys.append(inp.clone())
+    return torch.stack(ys), ((h, c) if cell == "lstm" else h)
+
+
+# ---- CPU: what cannot stream, and bad arguments ------------------------------
+
+def test_refuses_what_cannot_stream():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        torch_prnn.Stream("rnn")
+    with pytest.raises(TypeError, match="recurrent module"):
+        torch_prnn.Stream(torch.nn.Linear(3, 4))
+    with pytest.raises(ValueError, match="bidirectional"):
+        torch_prnn.Stream(torch_prnn.PersistentRNN(3, 4, bidirectional=True, device="cpu"), device="cuda")
+    with pytest.raises(NotImplementedError, match="proj_size"):
+        torch_prnn.Stream(torch.nn.LSTM(3, 4, proj_size=2), device="cuda")
+    with pytest.raises(NotImplementedError, match="float64"):
+        torch_prnn.Stream(torch_prnn.PersistentRNN(3, 4, dtype=torch.float64), device="cuda")
+    with pytest.raises(NotImplementedError, match="at most 8 layers"):
+        torch_prnn.Stream(torch_prnn.PersistentRNN(3, 4, num_layers=9), device="cuda")
+
+
+def test_cpu_module_needs_a_cuda_device():
+    module = torch_prnn.PersistentRNN(3, 4)
+    with pytest.raises(ValueError, match=r"module is on cpu; a stream runs on a CUDA GPU.*device='cuda'"):
+        torch_prnn.Stream(module)
+    with pytest.raises(ValueError, match="device must be a CUDA device, got cpu"):
+        torch_prnn.Stream(module, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            torch_prnn.Stream(module, device="cuda")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch=0), "batch must be an integer >= 1"),
+    (dict(batch=True), "batch must be an integer >= 1"),
+    (dict(batch=1.5), "batch must be an integer >= 1"),
+    (dict(timeout=0), "timeout must be a number of seconds > 0"),
+    (dict(timeout="1"), "timeout must be a number of seconds > 0"),
+    (dict(start_timeout=-1.0), "start_timeout must be a number of seconds > 0"),
+    (dict(max_sms=0), "max_sms must be None or an integer >= 1"),
+])
+def test_bad_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        torch_prnn.Stream(torch_prnn.PersistentRNN(3, 4), device="cuda", **kwargs)
+
+
+def port(cell="rnn", nonlinearity="tanh", layers=1, batch=2, input_size=3, hidden=4, dtype=torch.float32,
+         timeout=0.05):
+    return torch.classes.prnn.ResidentStream(cell, nonlinearity, layers, batch, input_size, hidden, dtype, False,
+                                             timeout)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    (dict(cell="elman"), ValueError, "cell must be 'rnn', 'lstm' or 'gru'"),
+    (dict(nonlinearity="sigmoid"), ValueError, "nonlinearity must be 'tanh' or 'relu'"),
+    (dict(layers=0), ValueError, r"num_layers must be in \[1, 8\]"),
+    (dict(layers=9), ValueError, r"num_layers must be in \[1, 8\]"),
+    (dict(batch=0), ValueError, "batch, input_size and hidden_size must be >= 1"),
+    (dict(dtype=torch.float64), NotImplementedError, "float32, bfloat16 or float16"),
+    (dict(timeout=0.0), ValueError, "timeout must be > 0"),
+])
+def test_host_side_refuses_bad_shapes(args, error, message):
+    with pytest.raises(error, match=message):
+        port(**args)
+
+
+def test_host_side_buffers():
+    p = port(cell="lstm", layers=2, batch=3, input_size=5, hidden=4, dtype=torch.bfloat16)
+    mailbox, x, y, h, c, mask = p.buffers()
+    assert mailbox.shape == (64,) and mailbox.dtype == torch.int32 and not mailbox.any()
+    assert x.shape == (3, 5) and y.shape == (3, 4) and x.dtype == y.dtype == torch.bfloat16
+    assert h.shape == c.shape == (2, 3, 4) and h.dtype == c.dtype == torch.float32
+    assert mask.shape == (3,) and mask.dtype == torch.uint8
+    assert mailbox.data_ptr() % 128 == 0 and x.data_ptr() % 128 == 0
+    assert port().buffers()[4].numel() == 0  # c only for an LSTM
+    assert p.is_open() and p.ctas() == 0
+    p.close()
+    assert not p.is_open()
+    p.close()  # idempotent
+
+
+def test_host_side_without_an_answer_times_out_and_breaks():
+    p = port(timeout=0.05)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"Stream.step: no answer within 0.05 s \(the stream's timeout\)"):
+        p.step(torch.zeros(2, 3))
+    assert 0.05 <= time.monotonic() - start < 5
+    with pytest.raises(RuntimeError, match=r"the stream is broken \(no answer within.*close\(\) it"):
+        p.step(torch.zeros(2, 3))
+    with pytest.raises(RuntimeError, match="broken"):
+        p.get_state()
+    p.close()  # nobody reported ready, nothing to stop
+    with pytest.raises(RuntimeError, match="Stream.step: the stream is closed"):
+        p.step(torch.zeros(2, 3))
+    with pytest.raises(RuntimeError, match="closed"):
+        p.buffers()
+
+
+def test_host_side_launch_needs_pinned_buffers():
+    p = port()
+    match = "not pinned" if torch.version.cuda else "built without CUDA"
+    with pytest.raises(RuntimeError, match=match):
+        p.launch([torch.zeros(4, 3), torch.zeros(4, 4)], False, 0, 0, 1.0)
+    p.close()
+
+
+# ---- CPU: the Python object against a fake kernel ---------------------------
+
+CELLS = [("rnn", "tanh"), ("rnn", "relu"), ("lstm", "tanh"), ("gru", "tanh")]
+
+
+@pytest.mark.parametrize("cell, nonlinearity", CELLS)
+@pytest.mark.parametrize("num_layers, bias", [(1, True), (2, False)])
+def test_steps_equal_the_sequence(fake_kernels, cell, nonlinearity, num_layers, bias):
+    module = make_module(cell, 5, 6, num_layers, bias, nonlinearity=nonlinearity)
+    x = torch.randn(12, 3, 5)
+    y_ref, state_ref = reference(module, x)
+    with torch_prnn.Stream(module, batch=3) as stream:
+        assert stream.cell == (f"rnn_{nonlinearity}" if cell == "rnn" else cell)
+        assert (stream.batch, stream.input_size, stream.hidden_size, stream.num_layers) == (3, 5, 6, num_layers)
+        ys = torch.stack([stream.step(x[t]) for t in range(12)])
+        assert rel_err(ys, y_ref) < 1e-6
+        state = stream.state
+        if cell == "lstm":
+            assert rel_err(state[0], state_ref[0]) < 1e-6 and rel_err(state[1], state_ref[1]) < 1e-6
+        else:
+            assert rel_err(state, state_ref) < 1e-6
+    # The module's own forward agrees (float32 on the CPU).
+    with torch.no_grad():
+        y_module, _ = module(x)
+    assert rel_err(ys, y_module) < 1e-5
+
+
+def test_step_forms(fake_kernels):
+    module = make_module("rnn", 5, 6)
+    x = torch.randn(4, 1, 5)
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module, batch=1) as stream:
+        out = torch.empty(1, 6)
+        assert stream.step(x[0], out=out) is out  # the fast path into out
+        assert rel_err(out, y_ref[0]) < 1e-6
+        y1 = stream.step(x[1, 0])  # unbatched
+        assert y1.shape == (6,) and rel_err(y1, y_ref[1, 0]) < 1e-6
+        wide = torch.randn(1, 10)
+        wide[:, ::2] = x[2]
+        y2 = stream.step(wide[:, ::2])  # not contiguous: the general path
+        assert rel_err(y2, y_ref[2]) < 1e-6
+        out_t = torch.empty(6, 1).t()  # out not contiguous
+        assert stream.step(x[3], out=out_t) is out_t and rel_err(out_t, y_ref[3]) < 1e-6
+
+
+def test_bad_step_arguments(fake_kernels):
+    with torch_prnn.Stream(make_module("rnn", 5, 6), batch=2) as stream:
+        with pytest.raises(TypeError, match="x must be a tensor, got list"):
+            stream.step([1.0] * 5)
+        with pytest.raises(ValueError, match=r"x must have shape \[batch=2, input_size=5\], got \[2, 4\]"):
+            stream.step(torch.zeros(2, 4))
+        with pytest.raises(ValueError, match=r"x must have shape \[batch=2, input_size=5\], got \[5\]"):
+            stream.step(torch.zeros(5))  # unbatched only for a batch of one
+        with pytest.raises(ValueError, match="x must have the stream's dtype Float, got Double"):
+            stream.step(torch.zeros(2, 5, dtype=torch.float64))
+        with pytest.raises(ValueError, match="x must be on the CPU, got meta"):
+            stream.step(torch.zeros(2, 5, device="meta"))
+        with pytest.raises(ValueError, match=r"out must have shape \[batch=2, hidden_size=6\], got \[2, 5\]"):
+            stream.step(torch.zeros(2, 5), out=torch.zeros(2, 5))
+        with pytest.raises(ValueError, match="out must have the stream's dtype Float, got BFloat16"):
+            stream.step(torch.zeros(2, 5), out=torch.zeros(2, 6, dtype=torch.bfloat16))
+        with pytest.raises(TypeError, match="out must be a tensor or None"):
+            stream.step(torch.zeros(2, 5), out=[0.0])
+        assert stream.step(torch.zeros(2, 5)).shape == (2, 6)  # still usable after refused arguments
+
+
+def test_state_and_reset(fake_kernels):
+    for cell in ("rnn", "lstm"):
+        module = make_module(cell, 5, 6, 2)
+        x = torch.randn(6, 3, 5)
+        with torch_prnn.Stream(module, batch=3) as stream:
+            zero = stream.state
+            zero_h = zero[0] if cell == "lstm" else zero
+            assert zero_h.shape == (2, 3, 6) and not zero_h.any()
+            for t in range(3):
+                stream.step(x[t])
+            saved = stream.state
+            # set_state: continuing from a saved state equals continuing the sequence
+            ys = torch.stack([stream.step(x[t]) for t in range(3, 6)])
+            stream.set_state(saved)
+            again = torch.stack([stream.step(x[t]) for t in range(3, 6)])
+            assert torch.equal(ys, again)
+            _, state_ref = reference(module, x[:3])
+            y_ref, _ = reference(module, x[3:], state_ref)
+            assert rel_err(again, y_ref) < 1e-6
+            # reset(mask): the masked sequences start afresh, the others go on
+            stream.set_state(saved)
+            stream.reset(torch.tensor([True, False, True]))
+            y_reset = stream.step(x[3])
+            fresh, _ = reference(module, x[3:4])
+            assert rel_err(y_reset[[0, 2]], fresh[0, [0, 2]]) < 1e-6
+            assert rel_err(y_reset[1], y_ref[0, 1]) < 1e-6
+            stream.reset([False, True, False])  # a sequence of bools
+            stream.reset()  # every sequence
+            h = stream.state[0] if cell == "lstm" else stream.state
+            assert not h.any()
+
+
+def test_bad_state_arguments(fake_kernels):
+    with torch_prnn.Stream(make_module("rnn", 5, 6), batch=2) as stream:
+        with pytest.raises(ValueError, match=r"h must have shape \[num_layers=1, batch=2, hidden_size=6\]"):
+            stream.set_state(torch.zeros(2, 6))
+        with pytest.raises(TypeError, match="made of tensors"):
+            stream.set_state([[0.0]])
+        with pytest.raises(ValueError, match="h must be a floating-point tensor"):
+            stream.set_state(torch.zeros(1, 2, 6, dtype=torch.int64))
+        with pytest.raises(ValueError, match="h must be on the CPU"):
+            stream.set_state(torch.zeros(1, 2, 6, device="meta"))
+        with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \[batch=2\], got Long"):
+            stream.reset(torch.tensor([1, 0]))
+        with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \[batch=2\], got Bool \[3\]"):
+            stream.reset([True, False, True])
+    with torch_prnn.Stream(make_module("lstm", 5, 6), batch=2) as stream:
+        with pytest.raises(TypeError, match=r"an LSTM's state is a pair \(h, c\)"):
+            stream.set_state(torch.zeros(1, 2, 6))
+
+
+def test_closed_stream_refuses_everything(fake_kernels):
+    kernels, _ = fake_kernels
+    stream = torch_prnn.Stream(make_module("rnn", 5, 6), batch=1)
+    assert not stream.closed
+    stream.close()
+    assert stream.closed and kernels[-1].stopped and stream.sms == 0
+    stream.close()  # idempotent
+    for call in (lambda: stream.step(torch.zeros(1, 5)), lambda: stream.step(torch.zeros(5), out=torch.zeros(6)),
+                 lambda: stream.state, lambda: stream.set_state(torch.zeros(1, 1, 6)), lambda: stream.reset()):
+        with pytest.raises(RuntimeError, match="the stream is closed"):
+            call()
+    assert "closed" in repr(stream)
+
+
+def test_closing_paths_stop_the_kernel(fake_kernels):
+    kernels, _ = fake_kernels
+    module = make_module("gru", 5, 6)
+    with torch_prnn.Stream(module) as stream:
+        stream.step(torch.zeros(1, 5))
+    assert stream.closed and kernels[-1].stopped
+    stream = torch_prnn.Stream(module)
+    kernel = kernels[-1]
+    del stream
+    gc.collect()
+    assert kernel.stopped  # collected -> closed
+    with pytest.raises(ZeroDivisionError):
+        with torch_prnn.Stream(module) as stream:
+            1 / 0
+    assert stream.closed and kernels[-1].stopped
+
+
+def check_open_close_cycles(module, x, cycles):
+    """Every stream of `cycles` opened and closed in turn starts from a zero state."""
+    first = None
+    for _ in range(cycles):
+        with torch_prnn.Stream(module) as stream:
+            y = stream.step(x)
+        first = y if first is None else first
+        assert torch.equal(y, first)
+
+
+def test_many_open_close_cycles(fake_kernels):
+    check_open_close_cycles(make_module("rnn", 5, 6), torch.randn(1, 5), 50)
+    assert all(k.stopped for k in fake_kernels[0])
+
+
+def test_timeout_raises_then_the_stream_is_broken(fake_kernels):
+    kernels, stall_next = fake_kernels
+    stall_next[0] = True
+    stream = torch_prnn.Stream(make_module("rnn", 5, 6), timeout=0.1)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"Stream.step: no answer within 0.1 s"):
+        stream.step(torch.zeros(1, 5))
+    assert 0.1 <= time.monotonic() - start < 5
+    with pytest.raises(RuntimeError, match="the stream is broken"):
+        stream.step(torch.zeros(1, 5))
+    with pytest.raises(RuntimeError, match="the stream is broken"):
+        stream.state
+    stream.close()  # the fake still ends on the STOP it sees
+    assert stream.closed and kernels[-1].stopped
+
+
+def test_timeout_of_state_commands(fake_kernels):
+    _, stall_next = fake_kernels
+    stall_next[0] = True
+    stream = torch_prnn.Stream(make_module("rnn", 5, 6), timeout=0.05)
+    with pytest.raises(TimeoutError, match=r"Stream.state: no answer within 0.05 s"):
+        stream.state
+    stream.close()
+
+
+def check_refresh(module, x):
+    """Weights changed after opening are not seen until refresh(), which keeps the state."""
+    before = copy.deepcopy(module).cpu()
+    with torch_prnn.Stream(module) as stream:
+        stream.step(x[0])
+        with torch.no_grad():
+            module.weight_hh_l0.mul_(-0.5)
+        y_stale = stream.step(x[1])  # the weights copied at open
+        stream.refresh()
+        y_fresh = stream.step(x[2])
+    y_before, state = reference(before, x[:2])
+    y_after, _ = reference(module, x[2:3], state)
+    assert rel_err(y_stale, y_before[1]) < 1e-5
+    assert rel_err(y_fresh, y_after[0]) < 1e-5
+
+
+def test_refresh_reads_changed_weights_and_keeps_the_state(fake_kernels):
+    check_refresh(make_module("lstm", 5, 6), torch.randn(3, 1, 5))
+
+
+def test_threads_share_a_stream(fake_kernels):
+    module = make_module("rnn", 5, 6)
+    with torch_prnn.Stream(module, batch=2) as stream:
+        conftest.run_threads(lambda: [stream.step(torch.zeros(2, 5)) for _ in range(20)], [()] * 4, timeout=60)
+        assert len(fake_kernels[0][-1].commands) == 80
+
+
+# ---- CUDA: the resident kernel -------------------------------------------------
+
+def cuda_module(cell, input_size, hidden_size, num_layers=1, bias=True, dtype=torch.float32, nonlinearity="tanh",
+                seed=0):
+    torch.manual_seed(seed)
+    return make_module(cell, input_size, hidden_size, num_layers, bias, dtype, "cuda", nonlinearity).eval()
+
+
+def stream_sequence(stream, x):
+    """The stream's outputs for x [T, B, I] on the CPU, one step a call."""
+    return torch.stack([stream.step(x[t]) for t in range(x.shape[0])])
+
+
+@needs_cuda
+@pytest.mark.hang_guard(600)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("I, H", [(5, 7), (64, 256), (1024, 1024)])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_cuda_elman_steps_equal_the_sequence(dtype, B, I, H, nonlinearity):
+    module = cuda_module("rnn", I, H, dtype=dtype, nonlinearity=nonlinearity)
+    x = (0.5 * torch.randn(32, B, I)).to(dtype)
+    with torch_prnn.Stream(module, batch=B) as stream:
+        assert 1 <= stream.sms <= torch.cuda.get_device_properties(0).multi_processor_count
+        ys = stream_sequence(stream, x)
+        h = stream.state
+    with torch.no_grad():
+        y_seq, h_seq = module(x.cuda())
+    y_ref, h_ref = reference(module, x)
+    # Within the dtype's rounding of a float64 reference, as the whole-sequence forward is; and next to it
+    # (not bit for bit: the stream projects the input in its kernel, the forward in a GEMM).
+    assert rel_err(ys, y_ref) < TOL[dtype], rel_err(y_seq, y_ref)
+    assert rel_err(ys, y_seq.cpu()) < 2 * TOL[dtype]
+    assert rel_err(h, h_ref) < TOL[dtype] and h.device == h_seq.device and h.dtype == dtype
+
+
+@needs_cuda
+@pytest.mark.hang_guard(600)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, I, H", [(1, 5, 7), (3, 64, 256), (8, 256, 256), (1, 1024, 1024)])
+def test_cuda_gated_steps_equal_the_sequence(cell, dtype, B, I, H):
+    module = cuda_module(cell, I, H, dtype=dtype)
+    x = (0.5 * torch.randn(32, B, I)).to(dtype)
+    y_ref, state_ref = reference(module, x)
+    try:
+        stream = torch_prnn.Stream(module, batch=B)
+    except NotImplementedError as error:  # an LSTM of H = 1024 in float32 is 32 MiB: more than the SMs hold
+        assert (cell, dtype, H) == ("lstm", torch.float32, 1024), error
+        assert "fit in shared memory" in str(error)
+        return
+    with stream:
+        ys = stream_sequence(stream, x)
+        state = stream.state
+    assert rel_err(ys, y_ref) < TOL[dtype]
+    if cell == "lstm":
+        assert rel_err(state[0], state_ref[0]) < TOL[dtype] and rel_err(state[1], state_ref[1]) < TOL[dtype]
+    else:
+        assert rel_err(state, state_ref) < TOL[dtype]
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_layers_and_no_bias(cell, dtype):
+    module = cuda_module(cell, 48, 256, num_layers=3, bias=False, dtype=dtype)
+    x = (0.5 * torch.randn(16, 4, 48)).to(dtype)
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module, batch=4) as stream:
+        assert rel_err(stream_sequence(stream, x), y_ref) < TOL[dtype]
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
+def test_cuda_state_and_reset(cell):
+    module = cuda_module(cell, 32, 256, num_layers=2)
+    x = torch.randn(8, 3, 32)
+    with torch_prnn.Stream(module, batch=3) as stream:
+        stream_sequence(stream, x[:4])
+        saved = stream.state
+        _, state_ref = reference(module, x[:4])
+        pairs = zip(saved, state_ref) if cell == "lstm" else [(saved, state_ref)]
+        for got, want in pairs:
+            assert got.device.type == "cuda" and rel_err(got, want) < 1e-5
+        ys = stream_sequence(stream, x[4:])
+        stream.set_state(saved)
+        assert torch.equal(stream_sequence(stream, x[4:]), ys)  # the same steps from the same state, bit for bit
+        h0 = tuple(t.cpu() for t in saved) if cell == "lstm" else saved.cpu()  # a state from the CPU too
+        stream.set_state(h0)
+        stream.reset(torch.tensor([False, True, False], device="cuda"))
+        y = stream.step(x[4])
+        fresh, _ = reference(module, x[4:5])
+        going, _ = reference(module, x[4:5], state_ref)
+        assert rel_err(y[1], fresh[0, 1]) < 1e-5
+        assert rel_err(y[[0, 2]], going[0, [0, 2]]) < 1e-5
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_step_devices_and_out():
+    module = cuda_module("rnn", 16, 128)
+    x = torch.randn(2, 1, 16)
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module) as stream:
+        y0 = stream.step(x[0].cuda())  # on the GPU in, on the GPU out
+        assert y0.device.type == "cuda" and rel_err(y0, y_ref[0]) < 1e-5
+        out = torch.empty(128, device="cuda")
+        assert stream.step(x[1, 0].cuda(), out=out) is out and rel_err(out, y_ref[1, 0]) < 1e-5
+        with pytest.raises(ValueError, match="x must be on the CPU or on the stream's device cuda:0"):
+            stream.step(torch.zeros(1, 16, device="meta"))
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_close_and_reopen_cycles():
+    check_open_close_cycles(cuda_module("rnn", 32, 256), torch.randn(1, 32), 100)
+    torch.cuda.synchronize()  # nothing left running
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_collected_stream_frees_its_sms():
+    module = cuda_module("gru", 32, 256)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    stream = torch_prnn.Stream(module)
+    held = stream.sms
+    del stream
+    gc.collect()
+    streams = [torch_prnn.Stream(module) for _ in range(sms // held)]  # every SM again
+    assert all(s.sms == held for s in streams)
+    for s in streams:
+        s.close()
+    torch.cuda.synchronize()
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_refresh():
+    check_refresh(cuda_module("rnn", 32, 256), torch.randn(3, 1, 32))
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_other_work_runs_beside_an_open_stream():
+    a = torch.randn(4096, 4096, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.mm(a, a)  # loaded and warmed up before any stream opens
+    side.synchronize()
+    for hidden in (256, 1024):  # a stream of a few SMs, and one of most of them
+        module = cuda_module("rnn", hidden, hidden)
+        with torch_prnn.Stream(module) as stream:
+            done = torch.cuda.Event()
+            with torch.cuda.stream(side):
+                for _ in range(20):
+                    c = torch.mm(a, a)
+                done.record()
+            deadline, steps = time.monotonic() + 120, 0
+            while not done.query():
+                assert time.monotonic() < deadline, f"the GEMMs did not finish beside a stream of {stream.sms} SMs"
+                stream.step(torch.randn(1, hidden))
+                steps += 1
+            assert torch.allclose(c, a @ a, rtol=1e-2, atol=1e-1) and steps > 0
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_refuses_a_stream_that_does_not_fit_beside_the_open_ones():
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    big = cuda_module("rnn", 1024, 1024)
+    with torch_prnn.Stream(big) as first:
+        held = first.sms
+        with pytest.raises(RuntimeError, match=r"cannot hold this stream beside the open ones, which hold"):
+            torch_prnn.Stream(big)
+        small = cuda_module("rnn", 64, 64)
+        others = []
+        try:
+            for _ in range(sms):  # until every SM is held
+                others.append(torch_prnn.Stream(small))
+        except RuntimeError as error:
+            assert "SMs" in str(error), error
+        assert held + sum(s.sms for s in others) <= sms
+        for s in others:  # every open stream still answers
+            assert s.step(torch.zeros(1, 64)).shape == (1, 64)
+            s.close()
+    with torch_prnn.Stream(big, max_sms=40) as capped:  # the SMs are free again; max_sms caps the grid
+        assert capped.sms <= 40
+    with pytest.raises(NotImplementedError, match="fit in shared memory"):
+        torch_prnn.Stream(big, max_sms=4)
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_interpreter_exit_ends_the_kernel():
+    code = (
+        "import torch, torch_prnn\n"
+        "m = torch_prnn.PersistentRNN(16, 256, device='cuda')\n"
+        "s = torch_prnn.Stream(m)\n"
+        "s.step(torch.zeros(1, 16))\n"
+        "t = torch_prnn.Stream(m)\n"
+        "print('open', s.sms + t.sms)\n"  # both left open: atexit closes them
+    )
+    rc, out = run_python(["-c", code], timeout=120)
+    assert rc == 0 and "open" in out, out
+
+
+@needs_cuda
+@pytest.mark.hang_guard(300)
+def test_cuda_kernels_first_used_while_a_stream_is_open():
+    """CUDA loads a kernel at its first launch (lazy loading), which may wait
+    for the device to be idle - never, while a stream is open. This runs a
+    GEMM and a PersistentRNN forward never run before in the process, beside
+    an open stream; if it hangs, the README must tell users to warm their
+    kernels up first or set CUDA_MODULE_LOADING=EAGER."""
+    code = (
+        "import torch, torch_prnn\n"
+        "m = torch_prnn.PersistentRNN(16, 256, device='cuda')\n"
+        "with torch_prnn.Stream(m) as s:\n"
+        "    side = torch.cuda.Stream()\n"
+        "    with torch.cuda.stream(side):\n"
+        "        a = torch.randn(512, 512, device='cuda')\n"
+        "        c = a @ a\n"
+        "        y, _ = torch_prnn.PersistentRNN(8, 64, device='cuda')(torch.randn(4, 1, 8, device='cuda'))\n"
+        "    side.synchronize()\n"
+        "    print('ran', float(c.sum()), float(y.sum()), s.step(torch.zeros(1, 16)).shape)\n"
+    )
+    rc, out = run_python(["-c", code], timeout=120)
+    assert rc == 0 and "ran" in out, out

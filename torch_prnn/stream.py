@@ -1,0 +1,332 @@
+"""Stream: a recurrent module's layers resident on the GPU, one timestep a call."""
+
+import atexit
+import numbers
+import weakref
+
+import torch
+from torch import Tensor, nn
+
+from . import _C
+from .rnn import PersistentRNN
+
+_step_raw = _C._stream_step
+_TIMEOUT_MARK = "no answer within"  # how the message of a wait that timed out goes on
+_MAX_LAYERS = 8
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_GATES = {1: "rnn", 4: "lstm", 3: "gru"}
+
+# Open streams, closed at interpreter exit (a stream also closes when collected).
+_open_streams = weakref.WeakSet()
+
+
+class Stream:
+    """A recurrent module's layers kept resident on a CUDA GPU, answering one
+    timestep a call at the cost of one step::
+
+        rnn = torch_prnn.PersistentRNN(64, 1024, device="cuda").eval()
+        with torch_prnn.Stream(rnn, batch=1) as stream:
+            for x_t in sensor:                 # x_t: [batch, input_size] (or [input_size])
+                y_t = stream.step(x_t)         # the top layer's h_t: [batch, hidden_size]
+
+    Opening launches one persistent kernel for all the module's layers; each
+    of its CTAs (one an SM) holds its hidden units' rows of W_ih and W_hh in
+    shared memory, and the state (h, and an LSTM's c) stays on the GPU between
+    steps. ``step`` copies ``x_t`` to pinned host memory, signals the kernel
+    and waits for its answer: no kernel launch per call. ``stream.step(x_t)``
+    gives what ``module(x_t.unsqueeze(0), h)[0][0]`` gives with the state
+    carried, within float32 rounding (the input projection is done in the
+    kernel, not by a GEMM; 16-bit values round as the module's do).
+
+    Args:
+        module: ``torch_prnn.PersistentRNN``, ``torch.nn.RNN``, ``nn.LSTM``
+            or ``nn.GRU`` (or a module with their parameters and attributes),
+            unidirectional, float32 / bfloat16 / float16, at most 8 layers, no
+            ``proj_size``. Its weights are copied onto the chip when the stream
+            opens: later changes to them are not seen until :meth:`refresh`.
+            Dropout is not applied (the module's eval-mode function).
+        batch: sequences stepped together (B >= 1).
+        device: the CUDA device to run on; default the module's (a module on
+            the CPU needs ``device``: its weights are copied there).
+        timeout: seconds a command may wait for the kernel's answer before
+            :class:`TimeoutError` (the stream is then unusable: close it).
+        start_timeout: seconds opening may wait for the kernel to start (its
+            launch waits until the SMs it needs are free of other work).
+        max_sms: the most SMs the stream may hold (default: as many as suit
+            its size, at most the free ones).
+
+    The kernel holds only the SMs its CTAs need (:attr:`sms`); other kernels
+    keep running on the GPU beside it, but a launch that needs more SMs at
+    once than are free (PersistentRNN's persistent tiers, other cooperative or
+    cluster kernels) waits for them: leave room with ``max_sms``. Opening a
+    stream that does not fit beside the open ones of this process raises
+    before launching. While a stream is open,
+    device-wide synchronisation waits for it, since its kernel only ends when
+    the stream closes: ``torch.cuda.synchronize()``,
+    ``torch.cuda.empty_cache()`` (and anything else that calls
+    ``cudaDeviceSynchronize`` or ``cudaFree``) block until then - synchronise
+    streams or events instead. Closing (:meth:`close`, leaving a ``with``
+    block, garbage collection or interpreter exit) ends the kernel. Inference
+    only: no autograd.
+    """
+
+    def __init__(self, module: nn.Module, batch: int = 1, *, device=None, timeout: float = 1.0,
+                 start_timeout: float = 10.0, max_sms: int | None = None) -> None:
+        self._port = None  # so that __del__ works on a stream that failed to open
+        cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights = _describe(module)
+        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+            raise ValueError(f"Stream: batch must be an integer >= 1, got {batch!r}")
+        for name, value in (("timeout", timeout), ("start_timeout", start_timeout)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+                raise ValueError(f"Stream: {name} must be a number of seconds > 0, got {value!r}")
+        if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, numbers.Integral)
+                                    or max_sms < 1):
+            raise ValueError(f"Stream: max_sms must be None or an integer >= 1, got {max_sms!r}")
+        device = self._device_for(weights[0].device, device)
+        self._module, self._batch, self._device, self._dtype = module, int(batch), device, dtype
+        self._cell = f"rnn_{nonlinearity}" if cell == "rnn" else cell
+        self._layers, self._input_size, self._hidden_size = layers, input_size, hidden_size
+        self._options = dict(timeout=float(timeout), start_timeout=float(start_timeout), max_sms=max_sms)
+        self._port = torch.classes.prnn.ResidentStream(cell, nonlinearity, layers, self._batch, input_size,
+                                                       hidden_size, dtype, device.type == "cuda", float(timeout))
+        try:
+            self._plan = self._launch([w.detach().to(device) for w in weights], bias, device, max_sms or 0,
+                                      float(start_timeout))
+        except BaseException:
+            self._port.close()
+            raise
+        self._handle = self._port.handle()
+        # Output prototypes by input shape: the hot path of step.
+        self._y_protos = {torch.Size([self._batch, input_size]): torch.empty(self._batch, hidden_size, dtype=dtype)}
+        if self._batch == 1:
+            self._y_protos[torch.Size([input_size])] = torch.empty(hidden_size, dtype=dtype)
+        _open_streams.add(self)
+
+    @staticmethod
+    def _device_for(weight_device: torch.device, device) -> torch.device:
+        """The CUDA device the stream runs on (an index always)."""
+        if device is None:
+            if weight_device.type != "cuda":
+                raise ValueError(
+                    f"Stream: the module is on {weight_device}; a stream runs on a CUDA GPU: move the module "
+                    "(module.cuda()) or pass device='cuda'"
+                )
+            device = weight_device
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"Stream: device must be a CUDA device, got {device}")
+        if not torch.cuda.is_available():
+            raise RuntimeError("Stream: CUDA is not available")
+        return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+    def _launch(self, weights, bias, device, max_sms, start_timeout):
+        """Starts the resident kernel; returns its plan [grid, block, units_per_cta, smem_bytes]."""
+        return self._port.launch(weights, bias, device.index, max_sms, start_timeout)
+
+    # ---- stepping ----------------------------------------------------------
+
+    def step(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """One timestep of every layer: ``x`` ``[batch, input_size]`` (or
+        ``[input_size]`` for a batch of one), of the module's dtype, on the
+        CPU or the stream's GPU. Returns the top layer's ``h_t``
+        ``[batch, hidden_size]`` (or ``[hidden_size]``) on ``x``'s device, or
+        writes it into ``out`` and returns ``out``. Contiguous CPU tensors are
+        the fastest path (``out=`` saves the allocation)."""
+        try:
+            if x.__class__ is Tensor and x.is_cpu and x.dtype is self._dtype and x.is_contiguous():
+                proto = self._y_protos.get(x.shape)
+                if proto is not None:
+                    if out is None:
+                        y = torch.empty_like(proto)
+                        _step_raw(self._handle, x.data_ptr(), y.data_ptr())
+                        return y
+                    if (out.__class__ is Tensor and out.is_cpu and out.dtype is self._dtype
+                            and out.shape == proto.shape and out.is_contiguous()):
+                        _step_raw(self._handle, x.data_ptr(), out.data_ptr())
+                        return out
+            # Anything else (on the GPU, not contiguous, or wrong): checked and copied in C++.
+            if not isinstance(x, Tensor):
+                raise TypeError(f"Stream.step: x must be a tensor, got {type(x).__name__}")
+            if out is None:
+                return self._port.step(x)
+            if not isinstance(out, Tensor):
+                raise TypeError(f"Stream.step: out must be a tensor or None, got {type(out).__name__}")
+            return self._port.step_into(x, out)
+        except RuntimeError as error:
+            raise _translated(error) from None
+
+    # ---- state -------------------------------------------------------------
+
+    @property
+    def state(self):
+        """The state now: ``h`` ``[num_layers, batch, hidden_size]`` (an LSTM:
+        ``(h, c)``), of the module's dtype on the stream's device, as
+        ``module(...)`` returns ``h_n``. An LSTM's c is kept in float32 on the
+        GPU and rounded here."""
+        tensors = [t.to(device=self._device, dtype=self._dtype) for t in self._call(self._port.get_state)]
+        return tuple(tensors) if self._cell == "lstm" else tensors[0]
+
+    def set_state(self, state) -> None:
+        """Sets the state: ``h`` ``[num_layers, batch, hidden_size]`` (an
+        LSTM: ``(h, c)``) on the CPU or the stream's device, rounded to the
+        module's dtype (an LSTM's c is kept in float32)."""
+        if self._cell == "lstm":
+            if not isinstance(state, (tuple, list)) or len(state) != 2:
+                raise TypeError(f"Stream.set_state: an LSTM's state is a pair (h, c), got {type(state).__name__}")
+            tensors = list(state)
+        else:
+            tensors = [state]
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"Stream.set_state: the state must be made of tensors, got {type(t).__name__}")
+        self._call(self._port.set_state, tensors)
+
+    def reset(self, mask=None) -> None:
+        """Zeroes the state of the sequences where ``mask`` (bool ``[batch]``,
+        a tensor or a sequence) is true; of every sequence without a mask."""
+        if mask is None:
+            mask = torch.ones(self._batch, dtype=torch.bool)
+        elif not isinstance(mask, Tensor):
+            mask = torch.as_tensor(mask)
+        self._call(self._port.reset, mask)
+
+    # ---- life --------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-reads the module's weights: closes the stream and opens it again
+        (same batch, device and options), keeping the state."""
+        state = self.state
+        self.close()
+        self.__init__(self._module, self._batch, device=self._device, **self._options)
+        self.set_state(state)
+
+    def close(self) -> None:
+        """Ends the kernel and frees what the stream holds (idempotent).
+        Raises if the kernel did not end within the timeout: its SMs and
+        memory then stay held until the process exits."""
+        _open_streams.discard(self)
+        if self._port is not None:
+            self._port.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._port is None or not self._port.is_open()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to raise into while being collected
+            pass
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except RuntimeError as error:
+            raise _translated(error) from None
+
+    # ---- what it runs ------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        return self._batch
+
+    @property
+    def input_size(self) -> int:
+        return self._input_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self._layers
+
+    @property
+    def cell(self) -> str:
+        """``'rnn_tanh'``, ``'rnn_relu'``, ``'lstm'`` or ``'gru'``."""
+        return self._cell
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def sms(self) -> int:
+        """SMs the stream's kernel holds (one CTA each); 0 once closed."""
+        return self._port.ctas() if not self.closed else 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"sms={self.sms}"
+        return (f"Stream({self._cell}, input_size={self._input_size}, hidden_size={self._hidden_size}, "
+                f"num_layers={self._layers}, batch={self._batch}, dtype={self._dtype}, device={self._device}, "
+                f"{state})")
+
+
+def _translated(error: RuntimeError) -> Exception:
+    """A wait that timed out ("Stream.<what>: no answer within ...") as
+    TimeoutError; other errors as they are."""
+    message = str(error)
+    return TimeoutError(message) if message.split(": ", 1)[-1].startswith(_TIMEOUT_MARK) else error
+
+
+def _describe(module):
+    """(cell, nonlinearity, num_layers, input_size, hidden_size, bias, dtype,
+    weights [w_ih, w_hh(, b_ih, b_hh)] a layer) of an RNN module, or a clear
+    error for what cannot stream."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"Stream: module must be a torch.nn.Module, got {type(module).__name__}")
+    name = type(module).__name__
+    try:
+        layers, hidden_size, input_size = module.num_layers, module.hidden_size, module.input_size
+        w_hh = module.weight_hh_l0
+    except AttributeError as error:
+        raise TypeError(f"Stream: {name} is not a recurrent module of nn.RNN's kind ({error})") from None
+    if isinstance(module, nn.LSTM):
+        cell = "lstm"
+    elif isinstance(module, nn.GRU):
+        cell = "gru"
+    elif isinstance(module, (nn.RNN, PersistentRNN)):
+        cell = "rnn"
+    else:  # by the gates in W_hh's rows
+        cell = _GATES.get(w_hh.shape[0] // hidden_size if w_hh.shape[0] % hidden_size == 0 else 0)
+        if cell is None:
+            raise TypeError(f"Stream: cannot tell the cell of {name}: weight_hh_l0 is {list(w_hh.shape)}")
+    if getattr(module, "bidirectional", False):
+        raise ValueError("Stream: a bidirectional RNN reads the whole sequence backwards too; it cannot stream "
+                         "one timestep at a time")
+    if getattr(module, "proj_size", 0):
+        raise NotImplementedError("Stream: an LSTM with proj_size has no resident kernel")
+    if not 1 <= layers <= _MAX_LAYERS:
+        raise NotImplementedError(f"Stream: at most {_MAX_LAYERS} layers stream, the module has {layers}")
+    dtype = w_hh.dtype
+    if dtype not in _DTYPES:
+        raise NotImplementedError(f"Stream: the resident kernel runs float32, bfloat16 and float16, not {dtype}")
+    nonlinearity = getattr(module, "nonlinearity", "tanh") if cell == "rnn" else "tanh"
+    bias = bool(getattr(module, "bias", True))
+    kinds = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if bias else ())
+    weights = [getattr(module, f"{kind}_l{layer}") for layer in range(layers) for kind in kinds]
+    for w in weights:
+        if w.dtype != dtype or w.device != w_hh.device:
+            raise ValueError(f"Stream: every weight of {name} must have weight_hh_l0's dtype and device "
+                             f"({dtype}, {w_hh.device}); got {w.dtype} on {w.device}")
+    return cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for stream in list(_open_streams):
+        try:
+            stream.close()
+        except Exception:  # noqa: BLE001 - the process is ending; the driver ends what is left
+            pass
