@@ -187,57 +187,35 @@ __device__ __forceinline__ void load_vec(const E *w, float (&v)[kVec]) {
 }
 
 /* sums[r * tile + bl] = w[r] . hs[bl] for the rows r < rows of this CTA's
- * units (r % U < units) and the nb staged sequences. A warp takes RG rows at
- * once and KU column blocks per pass, with independent sums for each, so a
- * lane has RG * KU * kSeqGroup products in flight (rows % RG == 0). */
-template <int RG, int KU, typename E>
+ * units (r % U < units) and the nb staged sequences: a warp per row. */
+template <typename E>
 __device__ void block_products(const E *w, int rows, int U, int units, int Kp, const float *hs, int nb,
                                float *sums, int tile) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int block = 32 * kVec; /* columns a warp covers per block */
-  for (int r0 = warp * RG; r0 < rows; r0 += nwarps * RG) {
+  for (int r = warp; r < rows; r += nwarps) {
+    if (r % U >= units) continue;
+    const E *wr = w + (size_t)r * Kp;
     for (int bq = 0; bq < nb; bq += kSeqGroup) {
-      float acc[KU][RG][kSeqGroup];
+      float acc[kSeqGroup];
 #pragma unroll
-      for (int ku = 0; ku < KU; ++ku)
+      for (int j = 0; j < kSeqGroup; ++j) acc[j] = 0.f;
+      for (int k = lane * kVec; k < Kp; k += 32 * kVec) {
+        float wv[kVec];
+        load_vec(wr + k, wv);
 #pragma unroll
-        for (int r = 0; r < RG; ++r)
-#pragma unroll
-          for (int j = 0; j < kSeqGroup; ++j) acc[ku][r][j] = 0.f;
-      for (int k0 = lane * kVec; k0 < Kp; k0 += block * KU) {
-#pragma unroll
-        for (int ku = 0; ku < KU; ++ku) {
-          const int k = k0 + ku * block;
-          if (k < Kp) {
-            float wv[RG][kVec];
-#pragma unroll
-            for (int r = 0; r < RG; ++r) load_vec(w + (size_t)(r0 + r) * Kp + k, wv[r]);
-#pragma unroll
-            for (int j = 0; j < kSeqGroup; ++j) {
-              if (bq + j < nb) {
-                const float4 h = *reinterpret_cast<const float4 *>(hs + (size_t)(bq + j) * Kp + k);
-#pragma unroll
-                for (int r = 0; r < RG; ++r)
-                  acc[ku][r][j] = fmaf(wv[r][3], h.w, fmaf(wv[r][2], h.z, fmaf(wv[r][1], h.y,
-                                  fmaf(wv[r][0], h.x, acc[ku][r][j]))));
-              }
-            }
+        for (int j = 0; j < kSeqGroup; ++j) {
+          if (bq + j < nb) {
+            const float4 h = *reinterpret_cast<const float4 *>(hs + (size_t)(bq + j) * Kp + k);
+            acc[j] = fmaf(wv[3], h.w, fmaf(wv[2], h.z, fmaf(wv[1], h.y, fmaf(wv[0], h.x, acc[j]))));
           }
         }
       }
 #pragma unroll
-      for (int r = 0; r < RG; ++r)
+      for (int j = 0; j < kSeqGroup; ++j) {
 #pragma unroll
-        for (int j = 0; j < kSeqGroup; ++j) {
-          if (bq + j < nb) { /* the same for the whole warp */
-            float v = acc[0][r][j];
-#pragma unroll
-            for (int ku = 1; ku < KU; ++ku) v += acc[ku][r][j];
-#pragma unroll
-            for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0 && (r0 + r) % U < units) sums[(r0 + r) * tile + bq + j] = v;
-          }
-        }
+        for (int off = 16; off >= 1; off >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+        if (lane == 0 && bq + j < nb) sums[r * tile + bq + j] = acc[j];
+      }
     }
   }
 }
@@ -312,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
         stage_from_l2(prev + (size_t)b0 * Kp, hs, nb * Kp);
       }
       __syncthreads();
-      block_products<G, 1>(w, R, U, units, Kp, hs, nb, sums, tile); /* R = G U rows, G at a time */
+      block_products(w, R, U, units, Kp, hs, nb, sums, tile);
       __syncthreads();
       if (mine) {
         float mat[G];
@@ -393,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_backward_persistent(const G
       if (s > 0) {
         stage_from_l2(prev + (size_t)b0 * Kp, ds, nb * Kp);
         __syncthreads();
-        block_products<1, 4>(w, U, U, units, Kp, ds, nb, sums, tile);
+        block_products(w, U, U, units, Kp, ds, nb, sums, tile);
         __syncthreads();
       }
       if (mine) {
