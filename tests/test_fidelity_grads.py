@@ -326,7 +326,7 @@ def check_final_state_op(op, inputs, lengths, dtype, grad_of, reference):
     y_ref = reference(*leaves)
     h_ref = reference_final_state(y_ref, leaves[-2], lengths)
     gen = torch.Generator().manual_seed(2)
-    g_y, g_h = (torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (y_ref, h_ref))
+    g_y, g_h = (torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.device) for t in (y_ref, h_ref))
     if grad_of == "both":
         grads = torch.autograd.grad((y, h_n), inputs, (g_y.to(y), g_h.to(y)))
         ref_grads = torch.autograd.grad((y_ref, h_ref), leaves, (g_y, g_h))
