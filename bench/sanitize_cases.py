@@ -5,7 +5,7 @@ layers (prnn::layer) whose input projection runs in the recurrence's launch.
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_cases.py [tier ...]
 
 With tier names (e.g. persistent_cluster) only the cases planned on those tiers run;
-with "layers", only the whole layers.
+with "layers", only the whole layers; with "gated", only the LSTM and GRU cases.
 """
 import sys
 
@@ -38,7 +38,7 @@ CASES = [  # (T, B, H, dtype, with lengths)
 
 for T, B, H, dtype, with_lengths in CASES:
     tier = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda")["tier"]
-    if len(sys.argv) > 1 and (tier not in sys.argv[1:] or "layers" in sys.argv[1:]):
+    if len(sys.argv) > 1 and (tier not in sys.argv[1:] or {"layers", "gated"} & set(sys.argv[1:])):
         continue
     xp = torch.randn(T, B, H, device="cuda", dtype=dtype)
     h0 = torch.randn(B, H, device="cuda", dtype=dtype)
@@ -62,7 +62,7 @@ LAYER_CASES = [  # (T, B, I, H, dtype, with lengths): the projection fused, seve
 
 for T, B, I, H, dtype, with_lengths in LAYER_CASES:
     plan = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda", input_size=I)
-    if len(sys.argv) > 1 and plan["tier"] not in sys.argv[1:] and "layers" not in sys.argv[1:]:
+    if len(sys.argv) > 1 and (plan["tier"] not in sys.argv[1:] and "layers" not in sys.argv[1:] or "gated" in sys.argv[1:]):
         continue
     x = torch.randn(T, B, I, device="cuda", dtype=dtype)
     w_ih = (torch.rand(H, I, device="cuda", dtype=dtype) * 2 - 1) * I ** -0.5
@@ -74,3 +74,38 @@ for T, B, I, H, dtype, with_lengths in LAYER_CASES:
     torch.cuda.synchronize()
     print(f"layer T={T} B={B} I={I} H={H} {dtype} lengths={with_lengths} tier={plan['tier']} "
           f"fused={plan['fused_input_projection']}: finite={bool(torch.isfinite(y).all())}")
+
+GATED_CASES = [  # (cell, T, B, H, proj_size, dtype, with lengths)
+    ("lstm", 3, 2, 33, 0, torch.float32, True),  # persistent, the last CTA's units partly padding
+    ("lstm", 3, 5, 1024, 0, torch.bfloat16, True),
+    ("lstm", 3, 20, 512, 0, torch.float16, False),  # two staged groups of sequences
+    ("gru", 3, 3, 129, 0, torch.float32, True),
+    ("gru", 3, 4, 1024, 0, torch.float32, False),
+    ("lstm", 3, 3, 40, 17, torch.float32, True),  # stepwise: a projection
+    ("gru", 3, 2, 64, 0, torch.float64, True),  # stepwise: float64
+]
+
+for cell, T, B, H, P, dtype, with_lengths in GATED_CASES:
+    tier = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda", cell=cell, proj_size=P)["tier"]
+    if len(sys.argv) > 1 and tier not in sys.argv[1:] and "gated" not in sys.argv[1:]:
+        continue
+    G, S = (4, P or H) if cell == "lstm" else (3, H)
+    xp = torch.randn(T, B, G * H, device="cuda", dtype=dtype)
+    b_hh = torch.randn(G * H, device="cuda", dtype=dtype)
+    h0 = torch.randn(B, S, device="cuda", dtype=dtype)
+    w = (torch.rand(G * H, S, device="cuda", dtype=dtype) * 2 - 1) * S ** -0.5
+    lengths = torch.randint(0, T + 1, (B,)) if with_lengths else None
+    if cell == "lstm":
+        c0 = torch.randn(B, H, device="cuda", dtype=dtype)
+        w_hr = (torch.rand(P, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5 if P else None
+        y, h_n, c_n, saved = torch.ops.prnn.lstm(xp, b_hh, h0, c0, w, w_hr, lengths, True)
+        torch.cuda.synchronize()
+        torch.ops.prnn.lstm_backward(torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n), h0, c0, y,
+                                     saved, w, w_hr, lengths)
+    else:
+        y, h_n, saved = torch.ops.prnn.gru(xp, b_hh, h0, w, lengths, True)
+        torch.cuda.synchronize()
+        torch.ops.prnn.gru_backward(torch.randn_like(y), torch.randn_like(h_n), h0, y, saved, w, lengths)
+    torch.cuda.synchronize()
+    print(f"{cell} T={T} B={B} H={H} P={P} {dtype} lengths={with_lengths} tier={tier}: "
+          f"finite={bool(torch.isfinite(y).all())}")
