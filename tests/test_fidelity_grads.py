@@ -454,7 +454,7 @@ def test_relu_nan_op_backward(device, dtype, with_lengths):
     assert y[3, 1].isnan().sum() == 1 and y[4, 1].isnan().all()
     ref_leaves = [t.detach().double().requires_grad_() for t in (xp, h0, w)]
     y_ref = reference_forward(*ref_leaves, lengths, "relu", act_grad_from=y if dtype in REDUCED else None)
-    g = torch.randn(y.shape, dtype=torch.float64)
+    g = torch.randn(y.shape, dtype=torch.float64, device=y.device)
     grads = torch.autograd.grad(y, leaves, g.to(y))
     ref_grads = torch.autograd.grad(y_ref, ref_leaves, g)
     assert_close_non_finite(y, y_ref, dtype, "y")
