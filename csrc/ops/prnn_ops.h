@@ -278,6 +278,23 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(
     const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
+// ---- The CPU impls' recurrences in ATen (prnn_cpu.cpp), float32 and float64 ----
+// Arguments checked, no size zero; lengths host int64. The C reference
+// (prnn_*_cpu of prnn.h) computes the same functions.
+
+// True when PRNN_CPU_REFERENCE is set (and not "0"): the CPU impls then call
+// the C reference instead, which the tests compare against.
+bool use_cpu_reference();
+
+// prnn::forward's (y, h_n) and prnn::backward's grad_xp.
+std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                prnn_activation_t activation);
+at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
+                              const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                              prnn_activation_t activation);
+
 // t [T,B,N] as rows [T*B,N] (a view when t allows it), in symbolic sizes:
 // under torch.compile(dynamic=True) this runs on fake tensors, and reading a
 // size as an int would specialise the graph to it.
