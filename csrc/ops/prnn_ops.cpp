@@ -824,7 +824,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cpu(
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const GatedForwardCall call =
       gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr, host_lengths32, save);
-  if (!is_empty(problem)) {
+  if (!is_empty(problem) && !use_cpu_reference()) {
+    gated_forward_aten(problem, call, lengths, save);
+  } else if (!is_empty(problem)) {
     prnn_plan_t plan;
     check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_FORWARD, &plan));
     at::Tensor ws = workspace(plan, xp);
@@ -854,7 +856,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
                                                      saved, w_hh, w_hr, host_lengths32);
-  if (!is_empty(problem)) {
+  if (!is_empty(problem) && !use_cpu_reference()) {
+    gated_backward_aten(problem, call, host_lengths32, lengths);
+  } else if (!is_empty(problem)) {
     prnn_plan_t plan;
     check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_BACKWARD_DATA, &plan));
     at::Tensor ws = workspace(plan, y);
