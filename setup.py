@@ -35,6 +35,7 @@ def extension():
     # torch builds .c files with the C++ compiler; the C sources are written to allow it.
     common = [
         os.path.join("csrc", "ops", "prnn_ops.cpp"),
+        os.path.join("csrc", "ops", "prnn_cpu.cpp"),
         os.path.join("csrc", "ops", "prnn_autograd.cpp"),
         os.path.join("csrc", "ops", "prnn_stream.cpp"),
         os.path.join(KERNELS, "status.c"),

@@ -2,9 +2,10 @@
 // projection + recurrence), the plan op, and the checks and GEMMs shared with
 // the CUDA impls (prnn_ops_cuda.cpp) and the autograd (prnn_autograd.cpp).
 //
-// The recurrence itself runs in csrc/kernels behind the torch-free C API of
-// prnn.h; this file only checks tensors, allocates outputs and workspace, and
-// turns a status into a Python error.
+// On CUDA the recurrence runs in csrc/kernels behind the torch-free C API of
+// prnn.h; on the CPU in ATen (prnn_cpu.cpp), or in that API's C reference.
+// This file checks tensors, allocates outputs and workspace, and turns a
+// status into a Python error.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -100,8 +101,9 @@ bool is_reduced_precision(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
 }
 
-// The CPU reference computes in float32 or float64: float16 and bfloat16 are
-// upcast to float32 and the results cast back.
+// The CPU impls compute in float32 or float64 (in ATen, prnn_cpu.cpp, or in the
+// C reference under PRNN_CPU_REFERENCE): float16 and bfloat16 are upcast to
+// float32 and the results cast back.
 
 std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& xp, const at::Tensor& h0,
                                                const at::Tensor& w_hh,
@@ -117,6 +119,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& xp, const at::T
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
   if (is_empty(problem)) return {y, final_state(y, h0, lengths)};
+  if (!use_cpu_reference()) return forward_aten(xp, h0, w_hh, lengths, problem.activation);
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
@@ -141,6 +144,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     return {grad_xp.to(type), grad_h0.to(type), grad_w_hh.to(type)};
   }
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  if (!is_empty(problem) && !use_cpu_reference()) {
+    const at::Tensor grad_xp = backward_data_aten(grad_y, y, w_hh, lengths, problem.activation);
+    return finish_backward(grad_xp, y, h0, w_hh, lengths);
+  }
   at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
   if (!is_empty(problem)) {
     const at::Tensor grad_y_ = unit_last_stride(grad_y), y_ = y.contiguous(),
@@ -817,7 +824,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cpu(
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const GatedForwardCall call =
       gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr, host_lengths32, save);
-  if (!is_empty(problem)) {
+  if (!is_empty(problem) && !use_cpu_reference()) {
+    gated_forward_aten(problem, call, lengths, save);
+  } else if (!is_empty(problem)) {
     prnn_plan_t plan;
     check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_FORWARD, &plan));
     at::Tensor ws = workspace(plan, xp);
@@ -847,7 +856,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
                                                      saved, w_hh, w_hr, host_lengths32);
-  if (!is_empty(problem)) {
+  if (!is_empty(problem) && !use_cpu_reference()) {
+    gated_backward_aten(problem, call, host_lengths32, lengths);
+  } else if (!is_empty(problem)) {
     prnn_plan_t plan;
     check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_BACKWARD_DATA, &plan));
     at::Tensor ws = workspace(plan, y);

@@ -278,6 +278,31 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(
     const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
 
+// ---- The CPU impls' recurrences in ATen (prnn_cpu.cpp), float32 and float64 ----
+// Arguments checked, no size zero; lengths host int64. The C reference
+// (prnn_*_cpu of prnn.h) computes the same functions.
+
+// True when PRNN_CPU_REFERENCE is set (and not "0"): the CPU impls then call
+// the C reference instead, which the tests compare against.
+bool use_cpu_reference();
+
+// prnn::forward's (y, h_n) and prnn::backward's grad_xp.
+std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                prnn_activation_t activation);
+at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
+                              const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                              prnn_activation_t activation);
+
+// A gated forward's pass into call's outputs (y, h_n, c_n, saved when save).
+void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& call,
+                        const std::optional<at::Tensor>& lengths, bool save);
+// A gated backward's pass into call's outputs (grad_xp, grad_hh, grad_h,
+// grad_h0, grad_c0); lengths32 is lengths as host int32.
+void gated_backward_aten(const prnn_problem_t& problem, const GatedBackwardCall& call,
+                         const at::Tensor& lengths32, const std::optional<at::Tensor>& lengths);
+
 // t [T,B,N] as rows [T*B,N] (a view when t allows it), in symbolic sizes:
 // under torch.compile(dynamic=True) this runs on fake tensors, and reading a
 // size as an int would specialise the graph to it.

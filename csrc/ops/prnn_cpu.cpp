@@ -1,0 +1,285 @@
+// prnn_cpu.cpp - the CPU impls' recurrences in float32 and float64: one BLAS
+// GEMM per step with the recurrent weight (through ATen), then the cell's
+// pointwise math in vectorised in-place ATen ops (the forwards) or in one
+// fused loop over batch x hidden (the gated backwards, which need no
+// transcendental function but LSTM's tanh(c)). They compute the functions of
+// the C reference (csrc/kernels/cpu_*.c), which stays the C API's CPU path and
+// the tests' oracle: PRNN_CPU_REFERENCE=1 makes the CPU impls call it.
+#include <cstdlib>
+#include <cstring>
+
+#include "prnn_ops.h"
+
+namespace torch_prnn {
+
+bool use_cpu_reference() {
+  const char* value = std::getenv("PRNN_CPU_REFERENCE");
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
+
+namespace {
+
+// Which sequences have finished at each step (t >= lengths[b]), from the
+// checked host int64 lengths; none without lengths.
+class Finished {
+ public:
+  Finished(const std::optional<at::Tensor>& lengths, int64_t steps) {
+    if (!lengths.has_value() || lengths->numel() == 0) return;
+    const at::Tensor& l = *lengths;
+    mask_ = at::arange(steps, l.options()).unsqueeze(1) >= l.unsqueeze(0);  // steps x batch
+    first_ = l.min().item<int64_t>();
+  }
+  // batch x 1, true where a sequence has finished by step t; undefined when none has.
+  at::Tensor at_step(int64_t t) const {
+    return mask_.defined() && t >= first_ ? mask_.select(0, t).unsqueeze(1) : at::Tensor();
+  }
+  // t with the rows of finished sequences zeroed (t itself without lengths): t [steps, batch, N].
+  at::Tensor zeroed(const at::Tensor& t) const {
+    return mask_.defined() ? t.masked_fill(mask_.unsqueeze(2), 0) : t;
+  }
+
+ private:
+  at::Tensor mask_;
+  int64_t first_ = 0;
+};
+
+// The forward recurrence of every cell. step(t, h, c) computes step t from
+// the states before it (h [batch, S], LSTM's c [batch, hidden], else
+// undefined) into y[t] and saved[t], and returns the new c. A finished
+// sequence's state is frozen and its outputs zero, as in the reference.
+// Returns the final (h, c).
+template <typename Step>
+std::pair<at::Tensor, at::Tensor> run_forward(const at::Tensor& y, const at::Tensor& saved,
+                                              const at::Tensor& h0, const at::Tensor& c0,
+                                              const Finished& finished, Step step) {
+  at::Tensor h = h0, c = c0;
+  for (int64_t t = 0; t < y.size(0); ++t) {
+    at::Tensor c_next = step(t, h, c);
+    at::Tensor h_next = y[t];
+    const at::Tensor done = finished.at_step(t);
+    if (done.defined()) {
+      h_next = at::where(done, h, h_next);
+      if (c.defined()) c_next = at::where(done, c, c_next);
+      y[t].masked_fill_(done, 0);
+      if (saved.numel() > 0) saved[t].masked_fill_(done, 0);
+    }
+    h = h_next;
+    c = c_next;
+  }
+  return {h, c};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::Tensor& h0,
+                                                const at::Tensor& w_hh,
+                                                const std::optional<at::Tensor>& lengths,
+                                                prnn_activation_t activation) {
+  const int64_t T = xp.size(0);
+  at::Tensor y = at::empty({T, xp.size(1), xp.size(2)}, xp.options());
+  const at::Tensor w_hh_t = w_hh.t();
+  const auto [h_n, c_n] = run_forward(
+      y, at::Tensor(), h0, at::Tensor(), Finished(lengths, T),
+      [&](int64_t t, const at::Tensor& h, const at::Tensor&) {
+        at::Tensor y_t = y[t];
+        at::addmm_out(y_t, xp[t], h, w_hh_t);
+        // relu_ keeps NaN, as the reference's relu
+        activation == PRNN_ACT_TANH ? y_t.tanh_() : y_t.relu_();
+        return at::Tensor();
+      });
+  return {y, h_n.clone(at::MemoryFormat::Contiguous)};
+}
+
+at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
+                              const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
+                              prnn_activation_t activation) {
+  const int64_t T = y.size(0);
+  at::Tensor grad_xp = at::empty(y.sizes(), y.options());
+  // A finished sequence's grad_y is left out; its delta is then zero, as the
+  // reference's (its y is zero and so is the delta after it).
+  const at::Tensor grad = Finished(lengths, T).zeroed(grad_y);
+  for (int64_t t = T - 1; t >= 0; --t) {
+    at::Tensor delta = grad_xp[t];  // dLoss/d(xp_t + W_hh h_{t-1}) = act'(y_t) dLoss/dh_t
+    if (t == T - 1)
+      delta.copy_(grad[t]);
+    else
+      at::addmm_out(delta, grad[t], grad_xp[t + 1], w_hh);  // dLoss/dh_t = grad_y_t + delta_{t+1} W_hh
+    if (activation == PRNN_ACT_TANH)
+      at::tanh_backward_out(delta, delta, y[t]);
+    else
+      delta.masked_fill_(y[t] <= 0, 0);  // passes where y is NaN, as the reference
+  }
+  return grad_xp;
+}
+
+void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& call,
+                        const std::optional<at::Tensor>& lengths, bool save) {
+  const int64_t T = problem.steps, B = problem.batch, H = problem.hidden;
+  const bool lstm = problem.cell == PRNN_CELL_LSTM;
+  const int64_t SAVED = lstm ? PRNN_LSTM_SAVED : PRNN_GRU_SAVED;
+  // Each step's gates in saved[t]'s layout (value k of unit j at k*H + j):
+  // saved itself, or two buffers taken in turn (a step reads the one before).
+  const at::Tensor scratch = save ? at::Tensor() : at::empty({2, B, SAVED * H}, call.xp.options());
+  const auto step_buffer = [&](int64_t t) { return save ? call.saved[t] : scratch[t % 2]; };
+  const at::Tensor w_hh_t = call.w_hh.t();
+  const at::Tensor& b_hh = call.b_hh;
+  at::Tensor h_n, c_n;
+  if (lstm) {
+    // LSTM's b_hh is added with xp, for every step at once.
+    const at::Tensor xp = b_hh.defined() ? call.xp + b_hh : call.xp;
+    const bool projection = call.w_hr.defined();
+    const at::Tensor m = projection ? at::empty({B, H}, xp.options()) : at::Tensor();
+    std::tie(h_n, c_n) = run_forward(
+        call.y, call.saved, call.h0, call.c0, Finished(lengths, T),
+        [&](int64_t t, const at::Tensor& h, const at::Tensor& c) {
+          const at::Tensor buffer = step_buffer(t);  // i, f, g, o, c
+          at::Tensor gates = buffer.narrow(1, 0, 4 * H);
+          at::addmm_out(gates, xp[t], h, w_hh_t);
+          gates.narrow(1, 0, 2 * H).sigmoid_();
+          gates.narrow(1, 2 * H, H).tanh_();
+          gates.narrow(1, 3 * H, H).sigmoid_();
+          const at::Tensor i = buffer.narrow(1, 0, H), f = buffer.narrow(1, H, H),
+                           g = buffer.narrow(1, 2 * H, H), o = buffer.narrow(1, 3 * H, H);
+          at::Tensor c_t = buffer.narrow(1, 4 * H, H);
+          at::mul_out(c_t, f, c);
+          c_t.addcmul_(i, g);
+          at::Tensor y_t = call.y[t];
+          at::Tensor m_t = projection ? m : y_t;  // o tanh(c_t)
+          at::tanh_out(m_t, c_t);
+          m_t.mul_(o);
+          if (projection) at::mm_out(y_t, m_t, call.w_hr.t());
+          return c_t;
+        });
+  } else {
+    std::tie(h_n, c_n) = run_forward(
+        call.y, call.saved, call.h0, at::Tensor(), Finished(lengths, T),
+        [&](int64_t t, const at::Tensor& h, const at::Tensor&) {
+          const at::Tensor buffer = step_buffer(t);  // r, z, n, hn
+          const at::Tensor x = call.xp[t];
+          at::Tensor rz = buffer.narrow(1, 0, 2 * H), n = buffer.narrow(1, 2 * H, H),
+                     hn = buffer.narrow(1, 3 * H, H);
+          at::Tensor hh = buffer.narrow(1, 0, 3 * H);  // W_hh h + b_hh
+          if (b_hh.defined())
+            at::addmm_out(hh, b_hh, h, w_hh_t);
+          else
+            at::mm_out(hh, h, w_hh_t);
+          hn.copy_(n);  // W_hn h + b_hn, which the backward reads
+          rz.add_(x.narrow(1, 0, 2 * H)).sigmoid_();
+          at::addcmul_out(n, x.narrow(1, 2 * H, H), rz.narrow(1, 0, H), hn);
+          n.tanh_();
+          at::Tensor y_t = call.y[t];
+          at::lerp_out(y_t, n, h, rz.narrow(1, H, H));  // (1 - z) n + z h
+          return at::Tensor();
+        });
+  }
+  call.h_n.copy_(h_n);
+  if (lstm) call.c_n.copy_(c_n);
+}
+
+namespace {
+
+// A gated backward's pointwise work at step t, one loop over batch x hidden:
+// from dh = dLoss/dh_t (LSTM: dm = dLoss/dm_t, W_hr^T dh with a projection)
+// and the saved gates, the gradients of the gates' pre-activations (grad_xp[t],
+// a GRU's grad_hh[t]) and LSTM's dLoss/dc_{t-1} in dc; `keep` gets the part of
+// dLoss/dh_{t-1} that does not come through W_hh (a GRU's z dh). A finished
+// sequence's gradients are zero and its dh and dc pass through unchanged.
+template <typename real>
+void gated_backward_step(const prnn_problem_t& problem, const GatedBackwardCall& call,
+                         const int32_t* lengths, int64_t t, const at::Tensor& dh_t,
+                         const at::Tensor& dm_t, const at::Tensor& tanh_c, const at::Tensor& dc_t,
+                         const at::Tensor& keep_t) {
+  const int64_t B = problem.batch, H = problem.hidden, S = dh_t.size(1);
+  const bool lstm = problem.cell == PRNN_CELL_LSTM;
+  const int64_t G = lstm ? PRNN_LSTM_GATES : PRNN_GRU_GATES;
+  const int64_t SAVED = lstm ? PRNN_LSTM_SAVED : PRNN_GRU_SAVED;
+  const real* saved = call.saved.const_data_ptr<real>() + t * B * SAVED * H;  // batch x SAVED*H
+  const real* dh = dh_t.const_data_ptr<real>();                               // batch x S
+  real* gx = call.grad_xp.mutable_data_ptr<real>() + t * B * G * H;          // batch x G*H
+  real* keep = keep_t.mutable_data_ptr<real>();                               // batch x S
+  for (int64_t b = 0; b < B; ++b) {
+    const real* st = saved + b * SAVED * H;
+    real* gxb = gx + b * G * H;
+    real* keepb = keep + b * S;
+    const real* dhb = dh + b * S;
+    if (lengths != nullptr && t >= lengths[b]) {
+      for (int64_t u = 0; u < G * H; ++u) gxb[u] = 0;
+      if (!lstm) {
+        real* ghh = call.grad_hh.mutable_data_ptr<real>() + (t * B + b) * G * H;
+        for (int64_t u = 0; u < G * H; ++u) ghh[u] = 0;
+      }
+      if (call.grad_h.defined()) {
+        real* gh = call.grad_h.mutable_data_ptr<real>() + (t * B + b) * S;
+        for (int64_t u = 0; u < S; ++u) gh[u] = 0;
+      }
+      for (int64_t u = 0; u < S; ++u) keepb[u] = dhb[u];
+      continue;
+    }
+    if (lstm) {
+      const real* dm = dm_t.const_data_ptr<real>() + b * H;
+      const real* tc = tanh_c.const_data_ptr<real>() + b * H;
+      real* dc = dc_t.mutable_data_ptr<real>() + b * H;
+      const real* c_prev = t > 0 ? st - B * SAVED * H + 4 * H
+                                 : call.c0.const_data_ptr<real>() + b * call.c0.stride(0);
+      for (int64_t u = 0; u < H; ++u) {
+        const real i = st[u], f = st[H + u], g = st[2 * H + u], o = st[3 * H + u];
+        const real dct = dc[u] + dm[u] * o * (1 - tc[u] * tc[u]);
+        gxb[u] = dct * g * i * (1 - i);
+        gxb[H + u] = dct * c_prev[u] * f * (1 - f);
+        gxb[2 * H + u] = dct * i * (1 - g * g);
+        gxb[3 * H + u] = dm[u] * tc[u] * o * (1 - o);
+        dc[u] = dct * f;
+      }
+      for (int64_t u = 0; u < S; ++u) keepb[u] = 0;
+    } else {
+      real* ghh = call.grad_hh.mutable_data_ptr<real>() + (t * B + b) * G * H;
+      const real* h_prev = t > 0 ? call.y.const_data_ptr<real>() + ((t - 1) * B + b) * S
+                                 : call.h0.const_data_ptr<real>() + b * call.h0.stride(0);
+      for (int64_t u = 0; u < H; ++u) {
+        const real r = st[u], z = st[H + u], n = st[2 * H + u], hn = st[3 * H + u];
+        const real dn = dhb[u] * (1 - z) * (1 - n * n);  // d of n's pre-activation
+        const real dr = dn * hn * r * (1 - r);
+        const real dz = dhb[u] * (h_prev[u] - n) * z * (1 - z);
+        gxb[u] = ghh[u] = dr;
+        gxb[H + u] = ghh[H + u] = dz;
+        gxb[2 * H + u] = dn;
+        ghh[2 * H + u] = dn * r;
+        keepb[u] = dhb[u] * z;  // h_t's direct term z h_{t-1}
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gated_backward_aten(const prnn_problem_t& problem, const GatedBackwardCall& call,
+                         const at::Tensor& lengths32, const std::optional<at::Tensor>& lengths) {
+  const int64_t T = problem.steps, B = problem.batch, H = problem.hidden;
+  const bool lstm = problem.cell == PRNN_CELL_LSTM, projection = call.w_hr.defined();
+  const at::TensorOptions options = call.y.options();
+  // dLoss/dh_t and dLoss/dc_t, carried from step to step into grad_h0 and grad_c0;
+  // grad_h_n and grad_c_n enter at a sequence's last step, as they pass through the frozen ones.
+  at::Tensor dh = call.grad_h0, dc = call.grad_c0;
+  call.grad_h_n.defined() ? dh.copy_(call.grad_h_n) : dh.zero_();
+  if (lstm) call.grad_c_n.defined() ? dc.copy_(call.grad_c_n) : dc.zero_();
+  const at::Tensor grad_y = Finished(lengths, T).zeroed(call.grad_y);
+  const at::Tensor keep = at::empty(dh.sizes(), options);
+  at::Tensor dm = projection ? at::empty({B, H}, options) : dh;
+  at::Tensor tanh_c = lstm ? at::empty({B, H}, options) : at::Tensor();
+  const at::Tensor& da = lstm ? call.grad_xp : call.grad_hh;  // dLoss/d(W_hh h_{t-1} + b_hh)
+  const int32_t* length = lengths32.defined() ? lengths32.const_data_ptr<int32_t>() : nullptr;
+  for (int64_t t = T - 1; t >= 0; --t) {
+    dh.add_(grad_y[t]);
+    if (projection) {
+      call.grad_h[t].copy_(dh);
+      at::mm_out(dm, dh, call.w_hr);
+    }
+    if (lstm) at::tanh_out(tanh_c, call.saved[t].narrow(1, 4 * H, H));
+    AT_DISPATCH_FLOATING_TYPES(call.y.scalar_type(), "gated_backward_step", [&] {
+      gated_backward_step<scalar_t>(problem, call, length, t, dh, dm, tanh_c, dc, keep);
+    });
+    at::addmm_out(dh, keep, da[t], call.w_hh);  // dLoss/dh_{t-1} = keep + da_t W_hh
+  }
+}
+
+}  // namespace torch_prnn
