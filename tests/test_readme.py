@@ -80,10 +80,10 @@ def test_results_are_a_summary():
 
 
 # Words of the development setup, not of the product: how a GPU machine was
-# obtained ("the lent H200"), the tool that ran a call and its return folder
-# ($OUT, build/device), the sessions and helpers of the work, the machines'
-# kind names. Matching phrases, not words: "helpers" in C code or
-# start_new_session in Python are the product's own.
+# obtained, the tool that ran a call and its return folder, the sessions and
+# helpers of the work, the machines' kind names (the pattern below). Matching
+# phrases, not words: "helpers" in C code or start_new_session in Python are
+# the product's own.
 DEV_WORDS = re.compile(
     r"\blent\b|device[ -]tool|\$\{?OUT\b|return folder|build/device\b"
     r"|\b(?:this|that|last|earlier|previous|next|the|device|whole) session\b|\bsession's"
