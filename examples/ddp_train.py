@@ -1,9 +1,11 @@
-"""Data-parallel training of a PersistentRNN under DistributedDataParallel,
-checked against single-process training on the whole batch.
+"""Data-parallel training of a PersistentRNN (or PersistentLSTM / PersistentGRU)
+under DistributedDataParallel, checked against single-process training on the
+whole batch.
 
     torchrun --nproc_per_node 2 examples/ddp_train.py          # NCCL, one GPU per rank
     torchrun --nproc_per_node 2 examples/ddp_train.py --cpu    # gloo on the CPU
                                                                # (also without CUDA)
+    torchrun --nproc_per_node 2 examples/ddp_train.py --cell lstm   # or gru
 
 Every step each rank trains on its own shard of the batch and DDP averages the
 gradients. Rank 0 also trains a plain copy of the model (same initial weights,
@@ -48,12 +50,15 @@ INPUT, HIDDEN, SEQ, SHARD = 8, 32, 24, 4  # features, hidden units, steps, seque
 RTOL, ATOL = 1e-4, 1e-6
 
 
-class Model(nn.Module):
-    """A 2-layer bidirectional PersistentRNN and a linear read-out of its last output."""
+CELLS = {"rnn": torch_prnn.PersistentRNN, "lstm": torch_prnn.PersistentLSTM, "gru": torch_prnn.PersistentGRU}
 
-    def __init__(self):
+
+class Model(nn.Module):
+    """A 2-layer bidirectional recurrent module of `cell` and a linear read-out of its last output."""
+
+    def __init__(self, cell):
         super().__init__()
-        self.rnn = torch_prnn.PersistentRNN(INPUT, HIDDEN, num_layers=2, bidirectional=True)
+        self.rnn = CELLS[cell](INPUT, HIDDEN, num_layers=2, bidirectional=True)
         self.head = nn.Linear(2 * HIDDEN, 1)
 
     def forward(self, x):
@@ -84,6 +89,7 @@ def max_diff(a_params, b_params, attr):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU even with CUDA")
+    parser.add_argument("--cell", choices=sorted(CELLS), default="rnn")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.01)
@@ -113,7 +119,7 @@ def main():
         dist.init_process_group("gloo", timeout=timeout)
 
     torch.manual_seed(args.seed)
-    model = Model().to(device)
+    model = Model(args.cell).to(device)
     # Rank 0's weights are what DDP broadcasts at construction: the copy starts equal.
     reference = copy.deepcopy(model) if rank == 0 else None
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
@@ -160,7 +166,7 @@ def main():
     if rank == 0:
         backend = "nccl" if use_cuda else "gloo"
         k = min(5, len(losses))  # each step draws a new batch: average a few
-        print(f"ddp: {backend} on {device.type}, whole-batch loss {sum(losses[:k]) / k:.4f} "
+        print(f"ddp: {args.cell} {backend} on {device.type}, whole-batch loss {sum(losses[:k]) / k:.4f} "
               f"(first {k} steps) -> {sum(losses[-k:]) / k:.4f} (last {k})")
         print(f"ddp: {world} ranks, {args.steps} steps, max grad diff {max_grad_diff:.3g}, "
               f"max param diff {max_param_diff:.3g}, replica diff {replica_diff.item():.3g} "

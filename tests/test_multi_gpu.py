@@ -237,19 +237,21 @@ def check_ddp_run(rc, out, steps):
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_nccl_available()), reason="needs NCCL")
 @two_gpus
-def test_ddp_example_two_gpus():
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
+def test_ddp_example_two_gpus(cell):
     """Two ranks, one GPU each, NCCL: DDP's gradients and parameters match
-    single-GPU training on the whole batch at every step."""
+    single-GPU training on the whole batch at every step, for every cell."""
     rc, out = run_python(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                          "examples/ddp_train.py", "--steps", "30"], timeout=300)
+                          "examples/ddp_train.py", "--cell", cell, "--steps", "30"], timeout=300)
     check_ddp_run(rc, out, 30)
-    assert "nccl on cuda" in out
+    assert f"{cell} nccl on cuda" in out
 
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
-def test_ddp_example_cpu():
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
+def test_ddp_example_cpu(cell):
     """The same check with two CPU processes on gloo (runs without GPUs, in CI)."""
     rc, out = run_python(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                          "examples/ddp_train.py", "--cpu", "--steps", "8"], timeout=180)
+                          "examples/ddp_train.py", "--cpu", "--cell", cell, "--steps", "8"], timeout=180)
     check_ddp_run(rc, out, 8)
-    assert "gloo on cpu" in out
+    assert f"{cell} gloo on cpu" in out
