@@ -87,7 +87,7 @@ def test_results_are_a_summary():
 DEV_WORDS = re.compile(
     r"\blent\b|device[ -]tool|\$\{?OUT\b|return folder|build/device\b"
     r"|\b(?:this|that|last|earlier|previous|next|the|device|whole) session\b|\bsession's"
-    r"|read-only helper|\bnvidia-h200|KINDS\.md|\bx[248] machine",
+    r"|read-only\s+helper|\bnvidia-h200|KINDS\.md|\bx[248] machine",
     re.IGNORECASE,
 )
 

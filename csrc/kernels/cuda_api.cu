@@ -9,6 +9,7 @@
 #include "cluster.cuh"
 #include "cluster_ffma.cuh"
 #include "cluster_grid.cuh"
+#include "cuda_status.cuh"
 #include "gated.cuh"
 #include "persistent.cuh"
 #include "prnn_internal.h"
@@ -35,12 +36,6 @@ struct DeviceInfo {
  * (read with acquire), so a reader that sees ready sees the fields; a racing
  * fill writes the same values. */
 DeviceInfo g_devices[kMaxDevices];
-
-prnn_status_t cuda_fail(cudaError_t err, const char *what) {
-  cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
-  return prnn_fail(PRNN_STATUS_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err),
-                   cudaGetErrorName(err));
-}
 
 /* PRNN_DISABLE_CLUSTER_TIER=1 (any value but empty or "0"; read when a device
  * is first queried) plans as on GPUs without clusters: the grid tier, which
@@ -520,13 +515,8 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, cons
   Geometry geom;
   prnn_status_t st = plan(pb, proj.input, device, &pl, &cluster, &config, &geom);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (workspace_bytes < pl.workspace_bytes || (workspace == NULL && pl.workspace_bytes > 0))
-    return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
-                     workspace_bytes, workspace, pl.workspace_bytes);
-  /* The grid tier reads its exchange words 16 bytes at a time. */
-  if (pl.workspace_bytes > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
-    return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
-                     PRNN_WORKSPACE_ALIGNMENT, workspace);
+  st = check_workspace(workspace, workspace_bytes, pl.workspace_bytes);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   if (cluster.kernel != NULL) return launch_cluster(cluster, params, proj, workspace, stream);
   if (config != NULL) return launch_persistent(*config, geom, params, workspace, pl.workspace_bytes, stream);
   err = launch_stepwise(pb->dtype, params, workspace, stream);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cells.cuh"
+#include "cuda_status.cuh"
 #include "gated.cuh"
 #include "prnn_internal.h"
 
@@ -635,11 +636,6 @@ struct GatedDevice {
   int sms, smem_optin, cooperative;
 };
 
-prnn_status_t cuda_fail(cudaError_t err, const char *what) {
-  cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
-  return prnn_fail(PRNN_STATUS_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
-}
-
 prnn_status_t gated_device(int device, GatedDevice *d) {
   cudaError_t err = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -868,12 +864,8 @@ prnn_status_t run_gated(const prnn_problem_t *pb, bool backward, GatedParams p, 
   GatedLaunch l;
   prnn_status_t st = plan_gated(pb, backward, device, &pl, &l);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (workspace_bytes < pl.workspace_bytes || (workspace == NULL && pl.workspace_bytes > 0))
-    return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
-                     workspace_bytes, workspace, pl.workspace_bytes);
-  if (pl.workspace_bytes > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
-    return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
-                     PRNN_WORKSPACE_ALIGNMENT, workspace);
+  st = check_workspace(workspace, workspace_bytes, pl.workspace_bytes);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   if (l.kernel == NULL)
     return pb->cell == PRNN_CELL_LSTM ? run_stepwise_cell<LstmCell>(pb, backward, p, workspace, stream)
                                       : run_stepwise_cell<GruCell>(pb, backward, p, workspace, stream);

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "cells.cuh"
+#include "cuda_status.cuh"
 #include "prnn_internal.h"
 
 namespace prnn {
@@ -604,11 +605,6 @@ ResidentKernel kernel_of(prnn_cell_t cell, prnn_activation_t activation, prnn_dt
 #undef PRNN_RESIDENT_KERNELS
 }
 
-prnn_status_t cuda_fail(cudaError_t err, const char *what) {
-  cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
-  return prnn_fail(PRNN_STATUS_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
-}
-
 struct ResidentDevice {
   int sms, smem_optin, cooperative, unified;
 };
@@ -803,12 +799,8 @@ prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem, 
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = check_args(problem, args);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (workspace == NULL || workspace_bytes < l.workspace_bytes)
-    return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
-                     workspace_bytes, workspace, l.workspace_bytes);
-  if ((uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
-    return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p", PRNN_WORKSPACE_ALIGNMENT,
-                     workspace);
+  st = check_workspace(workspace, workspace_bytes, l.workspace_bytes);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   ResidentParams p;
   memset(&p, 0, sizeof p);
   p.layers = (int)problem->layers;

@@ -1,0 +1,35 @@
+/*
+ * cuda_status.cuh - what every CUDA entry point's launcher reports alike: a
+ * failed CUDA call as a status, and the workspace given against its plan.
+ */
+#ifndef PRNN_CUDA_STATUS_CUH
+#define PRNN_CUDA_STATUS_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "prnn_internal.h"
+
+namespace prnn {
+
+/* PRNN_STATUS_CUDA_ERROR naming the call and the error. */
+inline prnn_status_t cuda_fail(cudaError_t err, const char *what) {
+  cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
+  return prnn_fail(PRNN_STATUS_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+/* The workspace must hold `needed` bytes and, when any is needed, be aligned
+ * to PRNN_WORKSPACE_ALIGNMENT (the kernels read it 16 bytes at a time). */
+inline prnn_status_t check_workspace(const void *workspace, size_t given, size_t needed) {
+  if (given < needed || (workspace == NULL && needed > 0))
+    return prnn_fail(PRNN_STATUS_WORKSPACE_TOO_SMALL, "workspace of %zu bytes at %p given, %zu bytes needed",
+                     given, workspace, needed);
+  if (needed > 0 && (uintptr_t)workspace % PRNN_WORKSPACE_ALIGNMENT != 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "workspace must be aligned to %d bytes, got %p",
+                     PRNN_WORKSPACE_ALIGNMENT, workspace);
+  return PRNN_STATUS_SUCCESS;
+}
+
+}  // namespace prnn
+
+#endif /* PRNN_CUDA_STATUS_CUH */
