@@ -26,7 +26,9 @@
 #ifndef PRNN_PERSISTENT_CUH
 #define PRNN_PERSISTENT_CUH
 
+#include "exchange.cuh"
 #include "rnn_math.cuh"
+#include "warp_reduce.cuh"
 
 namespace prnn {
 
@@ -57,63 +59,6 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
 }
 __device__ __forceinline__ uint32_t bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
-
-/* Exchange-word accesses at GPU scope (L2; never a stale L1 line). */
-__device__ __forceinline__ unsigned long long load_word(const unsigned long long *p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void load_word_pair(const unsigned long long *p,
-                                               unsigned long long &a, unsigned long long &b) {
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
-               : "=l"(a), "=l"(b) : "l"(p) : "memory");
-}
-__device__ __forceinline__ void store_word(unsigned long long *p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-/* Trap (a loud launch failure) if a poll has waited this long: with every CTA
- * co-resident it cannot happen; it turns a bug into an error, not a hang. */
-#define PRNN_POLL_TIMEOUT_NS 20000000000ull
-
-/* Called once per polling round: traps once rounds have gone on for the timeout. */
-__device__ __forceinline__ void watchdog(unsigned round, unsigned long long *since) {
-  if ((round & 1023) == 0) {
-    const unsigned long long now = global_timer_ns();
-    if (*since == 0) *since = now;
-    else if (now - *since > PRNN_POLL_TIMEOUT_NS) __trap();
-  }
-}
-
-/*
- * Warp reduce-scatter of N partial sums: afterwards v[0 .. N/32) of lane l
- * hold the warp-wide sums of outputs l*N/32 .. l*N/32 + N/32 - 1. Each level
- * halves the live values: a lane keeps the half selected by its lane bit D and
- * sends the other half to lane ^ D. N - N/32 shuffles in all.
- */
-template <int N, int LEN, int D>
-struct ReduceScatter {
-  static __device__ __forceinline__ void run(float (&v)[N], int lane) {
-    const bool upper = (lane & D) != 0;
-#pragma unroll
-    for (int i = 0; i < LEN / 2; ++i) {
-      const float send = upper ? v[i] : v[i + LEN / 2];
-      const float keep = upper ? v[i + LEN / 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, D);
-    }
-    ReduceScatter<N, LEN / 2, D / 2>::run(v, lane);
-  }
-};
-template <int N, int LEN>
-struct ReduceScatter<N, LEN, 0> {
-  static __device__ __forceinline__ void run(float (&)[N], int) {}
-};
 
 /* A[i][k .. k+PACK) packed as a register word (zero outside [0, H)). */
 template <typename E>

@@ -1,0 +1,57 @@
+/*
+ * exchange.cuh - grid-wide exchange through L2 without a barrier: 8-byte
+ * words {tag: high 32 bits, payload: low 32 bits} stored and polled at GPU
+ * scope, and the watchdog that turns a poll that can never end into a trap.
+ * An aligned 8-byte access is single-copy atomic, so a word whose tag
+ * matches carries that step's payload; no fence or separate flag is needed.
+ */
+#ifndef PRNN_EXCHANGE_CUH
+#define PRNN_EXCHANGE_CUH
+
+#include <stdint.h>
+
+namespace prnn {
+
+/* Exchange-word accesses at GPU scope (L2; never a stale L1 line). */
+__device__ __forceinline__ unsigned long long load_word(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void load_word_pair(const unsigned long long *p,
+                                               unsigned long long &a, unsigned long long &b) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ void store_word(unsigned long long *p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Trap (a loud launch failure) if a poll has waited this long: with every CTA
+ * co-resident it cannot happen; it turns a bug into an error, not a hang. */
+#define PRNN_POLL_TIMEOUT_NS 20000000000ull
+
+/* Called once per polling round: traps once rounds have gone on for the timeout. */
+__device__ __forceinline__ void watchdog(unsigned round, unsigned long long *since) {
+  if ((round & 1023) == 0) {
+    const unsigned long long now = global_timer_ns();
+    if (*since == 0) *since = now;
+    else if (now - *since > PRNN_POLL_TIMEOUT_NS) __trap();
+  }
+}
+
+/* The word of payload bits v under tag. */
+__device__ __forceinline__ unsigned long long tagged_word(unsigned tag, uint32_t v) {
+  return ((unsigned long long)tag << 32) | v;
+}
+__device__ __forceinline__ unsigned tag_of(unsigned long long w) { return (unsigned)(w >> 32); }
+__device__ __forceinline__ float payload_float(unsigned long long w) { return __uint_as_float((uint32_t)w); }
+
+}  // namespace prnn
+
+#endif /* PRNN_EXCHANGE_CUH */
