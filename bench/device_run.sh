@@ -2,7 +2,7 @@
 # Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [--results DIR] [stages...]
-#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag spread trace lab projlab plabablate profile fusedprobe sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
 # The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
@@ -84,13 +84,9 @@ for s in "${stages[@]}"; do
     diag)
       stage diag python3 bench/bench.py --diag
       cat "$LOG/diag.log" ;;
-    lab) # the cluster kernel alone, with each stage taken out in turn (PRNN_CLUSTER_ABLATE)
-      for a in ${LAB_ABLATIONS:-0 1 2 4}; do
-        nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_CLUSTER_ABLATE=$a bench/cluster_lab.cu \
-          -o build/clab$a &
-      done
-      wait
-      for a in ${LAB_ABLATIONS:-0 1 2 4}; do stage lab$a build/clab$a ablate$a; cat "$LOG/lab$a.log"; done ;;
+    lab) # the cluster kernels alone (no torch): per-step slopes at fixed shapes
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/cluster_lab.cu -o build/clab
+      stage lab build/clab cluster; cat "$LOG/lab.log" ;;
     profile)
       stage profile ncu --clock-control none --kernel-name regex:rnn_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
@@ -113,28 +109,19 @@ for s in "${stages[@]}"; do
         done
       done ;;
     projlab) # the fused layer's kernel alone: recurrence, producers alone, both (bench/projection_lab.cu)
-      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab &
-      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_LAB_NO_WAIT bench/projection_lab.cu \
-        -o build/plab_nowait &
-      wait
-      stage plab build/plab waits; cat "$LOG/plab.log"
-      stage plab_nowait build/plab_nowait nowait; grep -E "fused|room" "$LOG/plab_nowait.log"
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab
+      stage plab build/plab projection; cat "$LOG/plab.log"
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 \
         >"$LOG/plab_clocks.log" &
       smi=$!
       build/plab sustain sustain | while read -r line; do echo "$(date +%H:%M:%S.%N | cut -c1-12) $line"; done
       kill $smi
       awk -F, '{print $1, $2, $3}' "$LOG/plab_clocks.log" | tr -s ' ' | paste -sd' ' | fold -w 4000 | head -c 6000; echo ;;
-    plabablate) # the producers alone with parts taken out (PRNN_PROJ_ABLATE bits), and module host costs
-      for a in ${PROJ_ABLATIONS:-0 1 2 4 6}; do
-        nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_ABLATE=$a bench/projection_lab.cu \
-          -o build/plab_a$a &
-      done
-      wait
-      for a in ${PROJ_ABLATIONS:-0 1 2 4 6}; do
-        stage plab_a$a build/plab_a$a ablate$a; grep -E "producers alone.*\"batch\": 4, \"producers\": 3" "$LOG/plab_a$a.log" | head -1
-      done
-      for dt in float32 bfloat16; do python3 bench/bench.py --host $dt; done ;;
+    host) # the host time of each piece of a module forward
+      for dt in float32 bfloat16; do
+        stage host_$dt python3 bench/bench.py --host $dt
+        cat "$LOG/host_$dt.log"
+      done ;;
     spread) # eager figures round to round, and the GPU-only time behind a spin
       stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5} ${SPREAD_SHAPES:-}
       grep "^spread" "$LOG/spread.log" ;;
