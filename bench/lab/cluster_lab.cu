@@ -2,7 +2,7 @@
  * cluster_lab.cu - times the cluster kernel alone (no torch), per step, as the
  * slope over T = 64 and 1024: the harness for cluster-kernel experiments.
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/cluster_lab.cu -o build/clab
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/cluster_lab.cu -o build/clab
  *   build/clab <label>
  * Prints {"label", "hidden", "batch", "group", "clusters", "room", "waves", "us_per_step",
  * "intercept_us", "t1_us" (one step: launch, prologue, step)} lines for the bfloat16
