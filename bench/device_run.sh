@@ -2,7 +2,7 @@
 # Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [--results DIR] [stages...]
-#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag spread trace lab projlab plabablate profile fusedprobe sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall (default: build test bench)
 #
 # Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
 # The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
@@ -84,21 +84,17 @@ for s in "${stages[@]}"; do
     diag)
       stage diag python3 bench/bench.py --diag
       cat "$LOG/diag.log" ;;
-    lab) # the cluster kernel alone, with each stage taken out in turn (PRNN_CLUSTER_ABLATE)
-      for a in ${LAB_ABLATIONS:-0 1 2 4}; do
-        nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_CLUSTER_ABLATE=$a bench/cluster_lab.cu \
-          -o build/clab$a &
-      done
-      wait
-      for a in ${LAB_ABLATIONS:-0 1 2 4}; do stage lab$a build/clab$a ablate$a; cat "$LOG/lab$a.log"; done ;;
+    lab) # the cluster kernels alone (no torch): per-step slopes at fixed shapes
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/cluster_lab.cu -o build/clab
+      stage lab build/clab cluster; cat "$LOG/lab.log" ;;
     profile)
       stage profile ncu --clock-control none --kernel-name regex:rnn_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
-        python3 bench/profile_step.py ${PROFILE_DTYPE:-bfloat16} 4
+        python3 bench/lab/profile_step.py ${PROFILE_DTYPE:-bfloat16} 4
       grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|L2 Hit|Mem Busy|Max Bandwidth|Hit Rate" "$LOG/profile.log" | head -60 ;;
     trace) # timelines of one eager forward and training step (the logs hold the full listing)
       for dt in bfloat16 float32; do
-        stage trace_$dt python3 bench/trace_step.py $dt 4 1024 --out "$results/trace"
+        stage trace_$dt python3 bench/lab/trace_step.py $dt 4 1024 --out "$results/trace"
         grep "==" "$LOG/trace_$dt.log"
       done
       tar czf "$results/trace.tar.gz" -C "$results" trace && rm -r "$results/trace" ;;
@@ -108,35 +104,26 @@ for s in "${stages[@]}"; do
         for setting in 0 rule 1; do
           name=fused_${case/:/_}_$setting
           if [ $setting = rule ]; then unset_or_set=(-u PRNN_FUSED_PROJECTION); else unset_or_set=(PRNN_FUSED_PROJECTION=$setting); fi
-          stage $name env "${unset_or_set[@]}" python3 bench/fused_probe.py ${case%:*} ${case#*:} ${PROBE_BATCHES:-1 2 4}
+          stage $name env "${unset_or_set[@]}" python3 bench/lab/fused_probe.py ${case%:*} ${case#*:} ${PROBE_BATCHES:-1 2 4}
           grep "^fused_probe" "$LOG/$name.log"
         done
       done ;;
-    projlab) # the fused layer's kernel alone: recurrence, producers alone, both (bench/projection_lab.cu)
-      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab &
-      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_LAB_NO_WAIT bench/projection_lab.cu \
-        -o build/plab_nowait &
-      wait
-      stage plab build/plab waits; cat "$LOG/plab.log"
-      stage plab_nowait build/plab_nowait nowait; grep -E "fused|room" "$LOG/plab_nowait.log"
+    projlab) # the fused layer's kernel alone: recurrence, producers alone, both (bench/lab/projection_lab.cu)
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/projection_lab.cu -o build/plab
+      stage plab build/plab projection; cat "$LOG/plab.log"
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 \
         >"$LOG/plab_clocks.log" &
       smi=$!
       build/plab sustain sustain | while read -r line; do echo "$(date +%H:%M:%S.%N | cut -c1-12) $line"; done
       kill $smi
       awk -F, '{print $1, $2, $3}' "$LOG/plab_clocks.log" | tr -s ' ' | paste -sd' ' | fold -w 4000 | head -c 6000; echo ;;
-    plabablate) # the producers alone with parts taken out (PRNN_PROJ_ABLATE bits), and module host costs
-      for a in ${PROJ_ABLATIONS:-0 1 2 4 6}; do
-        nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench -DPRNN_PROJ_ABLATE=$a bench/projection_lab.cu \
-          -o build/plab_a$a &
-      done
-      wait
-      for a in ${PROJ_ABLATIONS:-0 1 2 4 6}; do
-        stage plab_a$a build/plab_a$a ablate$a; grep -E "producers alone.*\"batch\": 4, \"producers\": 3" "$LOG/plab_a$a.log" | head -1
-      done
-      for dt in float32 bfloat16; do python3 bench/bench.py --host $dt; done ;;
+    host) # the host time of each piece of a module forward
+      for dt in float32 bfloat16; do
+        stage host_$dt python3 bench/bench.py --host $dt
+        cat "$LOG/host_$dt.log"
+      done ;;
     spread) # eager figures round to round, and the GPU-only time behind a spin
-      stage spread python3 bench/spread.py ${SPREAD_ROUNDS:-5} ${SPREAD_SHAPES:-}
+      stage spread python3 bench/lab/spread.py ${SPREAD_ROUNDS:-5} ${SPREAD_SHAPES:-}
       grep "^spread" "$LOG/spread.log" ;;
     quick)
       stage quick python3 bench/bench.py --quick --floor build/floor --out "$results/quick"
@@ -149,7 +136,7 @@ for s in "${stages[@]}"; do
       tail -14 "$LOG/firstcall.log" ;;
     sanitize) # SANITIZE_TOOLS narrows the tools, SANITIZE_TIERS the cases, SANITIZE_ARGS adds options
       # synccheck tracks only a few mbarriers per CTA unless told more: the cluster
-      # kernel has 16 per CTA and runs clean with 8192 (bench/cluster_probe.cu
+      # kernel has 16 per CTA and runs clean with 8192 (bench/lab/cluster_probe.cu
       # reproduces the tool's failure with 16 and shows the limit). racecheck
       # also reports cuBLAS's split-K GEMM (the weight gradient): the hazard
       # lines are listed per kernel below.
@@ -162,7 +149,7 @@ for s in "${stages[@]}"; do
         grep -oE "(Race reported|Barrier error|Invalid).* at [A-Za-z_0-9]+" "$LOG/$tool.log" | sort | uniq -c | head
       done ;;
     probe) # synccheck on the cluster exchange in small (diagnostic: never fails the run)
-      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/cluster_probe.cu -o build/cluster_probe
+      nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/cluster_probe.cu -o build/cluster_probe
       for args in "3 8 4" "3 16 4" "16 16 6 late"; do
         for n in 0 8192; do
           compute-sanitizer --tool synccheck --num-cuda-barriers $n --error-exitcode 1 build/cluster_probe $args \

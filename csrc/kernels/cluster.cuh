@@ -47,14 +47,6 @@
 #include "persistent.cuh"
 #include "projection.cuh"
 
-/* Experiments only (bench/cluster_lab.cu): bits that take a stage out of a
- * step - 1: the mma, 2: the exchange, 4: output stores and operand loads;
- * and 8: the prologue's global loads of A, 16: everything (an empty kernel of
- * the same launch shape), 32: output stores alone. Always 0 in the library. */
-#ifndef PRNN_CLUSTER_ABLATE
-#define PRNN_CLUSTER_ABLATE 0
-#endif
-
 namespace prnn {
 
 /* Fixed geometry: 8 warps, 8 sequences (mma n = 8) per cluster; rows per CTA are compiled (64 or 72). */
@@ -228,7 +220,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * ROWS;
   if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
-  if (PRNN_CLUSTER_ABLATE & 16) return;
   extern __shared__ __align__(16) unsigned char smem[];
   if (project_if_producer<E>(p, proj, smem, rank, ctas)) return;
   const int producers = proj.clusters;
@@ -280,7 +271,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
         chunk_origin(c, r, k);
         const int i = row0 + r;
         const int last_i = k_fastest ? i : i + CHUNK - 1, last_k = k_fastest ? k + CHUNK - 1 : k;
-        if ((PRNN_CLUSTER_ABLATE & 8) || c >= CHUNKS) { /* past the last chunk when R K / 8 is not a whole number of rounds */
+        if (c >= CHUNKS) { /* past the last chunk when R K / 8 is not a whole number of rounds */
           v[u] = make_uint4(0, 0, 0, 0);
         } else if (wide && last_i < H && last_k < H) {
           v[u] = *reinterpret_cast<const uint4 *>(A + i * p.a_stride_row + k * p.a_stride_col);
@@ -419,7 +410,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   const int chunks = live * (ROWS / 8);
   const int first_peer = tid / chunks, first_chunk = tid % chunks;
   const int peer_stride = kClusterThreads / chunks, chunk_stride = kClusterThreads % chunks;
-  const bool exchange = !(PRNN_CLUSTER_ABLATE & 2) && warp_bytes > 0;
+  const bool exchange = warp_bytes > 0;
 
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
   for (int s = 0; s < T; ++s) {
@@ -447,7 +438,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       }
     };
 #pragma unroll
-    for (int kt = 0; kt < KT && !(PRNN_CLUSTER_ABLATE & 1); kt += 2) {
+    for (int kt = 0; kt < KT; kt += 2) {
       /* lane l points at sequence l % 8, columns k0 + 8 (l / 8): matrices 0..3 = k [k0, k0+8), [+8, +16), [+16, +24), [+24, +32) */
       const int k0 = (warp * KT + kt) * 16;
       const uint32_t b_addr =
@@ -496,7 +487,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     __syncthreads();
 
     /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
-    if (s + 1 < T && !(PRNN_CLUSTER_ABLATE & 2)) {
+    if (s + 1 < T) {
       int peer = first_peer, chunk = first_chunk;
       while (peer < (int)ctas) {
         const int n = chunk / (ROWS / 8), r = chunk % (ROWS / 8) * 8; /* rows [r, r + 8) of sequence n */
@@ -514,7 +505,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < OPT; ++i)
-      if (o_valid[i] && !(PRNN_CLUSTER_ABLATE & 36)) out[((size_t)t * B + o_b) * H + row0 + lane + 32 * i] = o_out[i];
+      if (o_valid[i]) out[((size_t)t * B + o_b) * H + row0 + lane + 32 * i] = o_out[i];
     /* Operand loads run two steps ahead: one loaded behind this step's wait
      * came back late, and one a step ahead still stalled the step's end. */
     if (s + 1 < T) {
@@ -523,12 +514,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
         o_op[i] = next_op[i];
         next_op[i] = after_op[i];
       }
-      if (s + 3 < T && !(PRNN_CLUSTER_ABLATE & 4)) {
+      if (s + 3 < T) {
         if (s + 3 >= ready_step) ready_step = wait_projection_step(p, proj, s + 3, ready_step);
         load_operands(s + 3, after_op);
       }
     }
-    if (PRNN_CLUSTER_ABLATE & 2) __syncthreads();
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 9.0 */

@@ -41,12 +41,8 @@ namespace prnn {
 /* The mbarriers' 16 bytes, padded so that the shared buffers after them
  * start at a 128-byte boundary (this file's kernel and the cluster grid's):
  * from byte 16 the cluster grid stepped 3-7% slower at H = 2048, B = 4-16
- * (the FFMA kernel alike either way; bench/NOTES.md step 38).
- * PRNN_FFMA_SMEM_LEAD overrides it in lab builds only (cluster_lab.cu). */
-#ifndef PRNN_FFMA_SMEM_LEAD
-#define PRNN_FFMA_SMEM_LEAD 128
-#endif
-const int kFfmaSmemLead = PRNN_FFMA_SMEM_LEAD;
+ * (the FFMA kernel alike either way; bench/NOTES.md step 38). */
+const int kFfmaSmemLead = 128;
 
 /* Dynamic shared memory of shape (element size, KC, WR, RREG): mbarriers
  * [2] (padded to kFfmaSmemLead), then, while stepping, the shared-memory

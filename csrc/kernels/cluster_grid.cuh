@@ -119,20 +119,6 @@ __device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, un
 }
 #endif
 
-#ifdef PRNN_GRID_TRACE
-/* The lab's phase trace (bench/cluster_lab.cu): clock64 at 8 points of steps
- * 64 .. 127 in warp 0 of CTA 0. */
-__device__ long long g_grid_trace[64][8];
-#define GRID_MARK(k)                                                                   \
-  do {                                                                                  \
-    if (blockIdx.x == 0 && tid == 0 && u >= 64 && u < 128) g_grid_trace[u - 64][k] = clock64(); \
-  } while (0)
-#else
-#define GRID_MARK(k) \
-  do {               \
-  } while (0)
-#endif
-
 /* flag >= want, counting with wrap-around */
 __device__ __forceinline__ bool reached(unsigned flag, unsigned want) { return (int)(flag - want) >= 0; }
 
@@ -254,13 +240,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
       const float o_in = o_valid ? to_accum(in[t * p.in_stride_t + seq * p.in_stride_b + o_row]) : 0.f;
       const float o_y = (o_valid && p.backward) ? to_accum(yfwd[((size_t)t * B + seq) * H + o_row]) : 0.f;
       if (tid == 0 && deliver) mbarrier_expect_bytes(bar_base + 8u * (1 - cur), (unsigned)(nb * team_rows * 4));
-      GRID_MARK(0);
       if (u > 0) {
         unsigned long long since = 0; /* for the watchdog */
         for (unsigned round = 1; !mbarrier_done(bar_base + 8u * cur, ((u - 1) >> 1) & 1); ++round)
           watchdog(round, &since);
       }
-      GRID_MARK(1);
       float *prev = state + cur * kGridSeqs * SP;
       if (s == 0) { /* a new group: s_{-1} = h0 (zero backward) */
         for (int i = tid; i < nb * SP; i += kClusterThreads) {
@@ -299,7 +283,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
         for (int rr = 0; rr < 4; ++rr) main_sums[4 * b + rr] = acc[b][rr];
         fifth[b] = acc[b][4];
       }
-      GRID_MARK(2);
       ReduceScatter<32, 32, 16>::run(main_sums, lane);
       ReduceScatter<kGridSeqs, kGridSeqs, 16>::run(fifth, lane);
       float fifth_sum = fifth[0] + __shfl_xor_sync(0xffffffffu, fifth[0], 2);
@@ -309,7 +292,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
       float *swap = handover + cur * kClusterWarps * 32;
       swap[warp * 32 + lane] = half == 0 ? fifth_sum : main_sums[0];
       asm volatile("bar.sync %0, %1;" :: "r"(1 + g), "r"(64) : "memory");
-      GRID_MARK(3);
       const float mat = swap[(warp ^ kGridRowGroups) * 32 + lane] + (half == 0 ? main_sums[0] : fifth_sum);
 
       const bool active = o_valid && t < o_len;
@@ -321,13 +303,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
       if (deliver && ob < nb && o_row >= 0)
         xbuf[((size_t)cur * kGridSeqs + ob) * team_rows + o_row] = o_valid ? to_accum(Round<E>::to(st)) : 0.f;
       if (deliver) {
-        GRID_MARK(4);
         __syncwarp();
         if (lane == 0) {
           fence_acq_rel_gpu(); /* release: the warp's stores before its flag */
           store_flag_relaxed(my_flag, u + 1);
         }
-        GRID_MARK(5);
       }
       /* after the flag, so that its fence does not wait for these */
       if (o_valid) out[((size_t)t * B + seq) * H + o_row] = value;
@@ -343,13 +323,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
           if (__all_sync(0xffffffffu, ready)) break;
           watchdog(round, &since);
         }
-        GRID_MARK(6);
         __syncwarp(); /* the lanes' acquires before the copies */
         if (lane < nb)
           bulk_multicast(state_base + (uint32_t)(((1 - cur) * kGridSeqs + lane) * SP + slice0) * 4u,
                          xbuf + ((size_t)cur * kGridSeqs + lane) * team_rows + slice0, (unsigned)slice_bytes,
                          bar_base + 8u * (1 - cur), (unsigned short)((1u << kGridClusterCtas) - 1));
-        GRID_MARK(7);
       }
     }
   }

@@ -32,14 +32,6 @@
 #include "persistent.cuh"
 #include "rnn_math.cuh"
 
-/* Experiments only (bench/projection_lab.cu): bits that take a part out of
- * a producer's item - 1: the GPU fence before the chunk flag, 2: the
- * multiply's shared-memory loads (each block's first operands reused),
- * 4: the staging copies. Always 0 in the library. */
-#ifndef PRNN_PROJ_ABLATE
-#define PRNN_PROJ_ABLATE 0
-#endif
-
 namespace prnn {
 
 /* The projection's operands: x [steps][batch][input] times W_ih^T
@@ -70,12 +62,8 @@ const int kProjSmemBytes = 8 * (kProjWarpFloats + kProjBlockFloats) * 4 + kProjT
  * (racecheck reported the tensor-core kernel's mbarrier set-up against a
  * producer's reads when they overlapped: only CTAs run one after another on
  * an SM could see both), and 128-byte aligned (from byte 16 the producers
- * took 4% longer and the steppers beside them ~11%: bench/NOTES.md step 37).
- * PRNN_PROJ_SMEM_OFFSET overrides it in lab builds only (projection_lab.cu). */
-#ifndef PRNN_PROJ_SMEM_OFFSET
-#define PRNN_PROJ_SMEM_OFFSET 128
-#endif
-const int kProjSmemOffset = PRNN_PROJ_SMEM_OFFSET;
+ * took 4% longer and the steppers beside them ~11%: bench/NOTES.md step 37). */
+const int kProjSmemOffset = 128;
 
 /* Steps per chunk: 32 columns of (step, sequence). */
 __host__ __device__ inline int projection_chunk_steps(int batch) { return batch >= kProjTile ? 1 : kProjTile / batch; }
@@ -189,7 +177,6 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
    * copies k = kb + lane of each. 16-bit, 16 bytes: chunk lane % 4 of rows
    * 8 i + lane / 4; else k = kb + lane of each, through registers. */
   auto stage = [&](const ProjItem &it, int kb, int buf) {
-    if (PRNN_PROJ_ABLATE & 4) return;
     float *wb = ws + buf * 2 * kProjBlockFloats, *xb = wb + kProjBlockFloats;
     const E *x_chunk = X + (int64_t)it.t0 * q.x_stride_t;
     if (wide) {
@@ -234,12 +221,10 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
       float4 a[4], x[8];
 #pragma unroll 2
       for (int kq = 0; kq < kProjTile; kq += 4) {
-        if (!(PRNN_PROJ_ABLATE & 2) || kq == 0) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
+        for (int j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const float4 *>(&wb[proj_at(4 * lr + j, kq)]);
 #pragma unroll
-          for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
-        }
+        for (int c = 0; c < 8; ++c) x[c] = *reinterpret_cast<const float4 *>(&xb[proj_at(8 * lc + c, kq)]);
         /* k outermost: the 32 FMAs in a row update 32 different sums */
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -344,7 +329,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
     }
     __syncthreads(); /* every store of the item done, and the partial tiles free for the next */
     if (tid == 0) {
-      if (!(PRNN_PROJ_ABLATE & 1)) __threadfence();
+      __threadfence();
       atomicAdd(&q.flags[it.chunk], 1u);
     }
     item += workers;
@@ -364,7 +349,7 @@ __device__ void project_inputs(const RecurrenceParams &p, const InputProjection 
  * cost nothing. One acquire per chunk (lane 0, then the warp barrier) took
  * a round trip to L2 at every chunk on the steppers' critical path. */
 __device__ __forceinline__ int wait_projection_run(const InputProjection &q, int hidden, int chunk, int chunks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(PRNN_PROJ_LAB_NO_WAIT) /* lab: time without waits */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const unsigned want = (unsigned)((hidden + kProjTile - 1) / kProjTile);
   const int c = chunk + (int)(threadIdx.x & 31);
   unsigned long long since = 0;

@@ -3,7 +3,7 @@
  * per step, at fixed tile shapes: the harness for kernel experiments (edit
  * persistent.cuh, build, compare labels; bench/NOTES.md has the ones run).
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels bench/kernel_lab.cu -o build/lab
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/kernel_lab.cu -o build/lab
  *   build/lab <label>
  * Prints {"label", "dtype", "batch", "hidden", "us_per_step"} lines (slope over T = 64 and 1024).
  */

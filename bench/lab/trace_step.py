@@ -1,6 +1,6 @@
 """Timeline of one eager module call, to see what the GPU waits for.
 
-    python bench/trace_step.py [dtype] [batch] [hidden] [--out DIR]
+    python bench/lab/trace_step.py [dtype] [batch] [hidden] [--out DIR]
 
 Records a forward (no_grad) and a training step (forward + backward of
 output.sum()) with torch.profiler and prints, per call, every kernel, every CUDA runtime call and

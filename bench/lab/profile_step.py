@@ -1,5 +1,5 @@
 """One forward launch of the persistent kernel, for ncu:
-    ncu --kernel-name regex:persistent --launch-skip 2 --launch-count 1 python3 bench/profile_step.py
+    ncu --kernel-name regex:persistent --launch-skip 2 --launch-count 1 python3 bench/lab/profile_step.py
 """
 import sys
 

@@ -1,15 +1,14 @@
 /*
  * cluster_lab.cu - times the cluster kernel alone (no torch), per step, as the
  * slope over T = 64 and 1024: the harness for cluster-kernel experiments.
- * Build one binary per ablation (PRNN_CLUSTER_ABLATE in cluster.cuh):
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -DPRNN_CLUSTER_ABLATE=0 bench/cluster_lab.cu -o build/clab0
- *   build/clab0 <label>
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/cluster_lab.cu -o build/clab
+ *   build/clab <label>
  * Prints {"label", "hidden", "batch", "group", "clusters", "room", "waves", "us_per_step",
  * "intercept_us", "t1_us" (one step: launch, prologue, step)} lines for the bfloat16
  * kernel, and {"label", "hidden", "batch", "us_per_step", "intercept_us", "t1_us"}
  * for the FFMA one (cluster_ffma.cuh) and the cluster grid (cluster_grid.cuh, with
- * "clusters" and "room"), in the PRNN_CLUSTER_ABLATE=0 build only.
+ * "clusters" and "room").
  */
 #include <cstdio>
 #include <cstdlib>
@@ -70,8 +69,7 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
 }
 
-/* The FFMA kernel (cluster_ffma.cuh): one sequence per cluster, `batch` clusters.
- * It has no ablation bits, so main() runs it in the PRNN_CLUSTER_ABLATE=0 build only. */
+/* The FFMA kernel (cluster_ffma.cuh): one sequence per cluster, `batch` clusters. */
 template <typename E, int KC, int WR, int RREG>
 static void run_ffma(const char *label, const char *dtype, int batch, int hidden) {
   void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<E, KC, WR, RREG>;
@@ -129,23 +127,6 @@ static void run_grid(const char *label, const char *dtype, int batch, int hidden
          "\"us_per_step\": %.3f, \"intercept_us\": %.1f, \"t1_us\": %.1f}\n", label, dtype, hidden, batch, clusters,
          room, 1000.f * (long_ms - short_ms) / (big - 64),
          1000.f * short_ms - 64 * 1000.f * (long_ms - short_ms) / (big - 64), 1000.f * one_ms);
-#ifdef PRNN_GRID_TRACE
-  { /* the phase trace of steps 64-127 of one more launch (T = 256): median cycles per phase */
-    zero_flags();
-    CHECK(cudaLaunchKernelEx(&cfg, fn, params(256)));
-    CHECK(cudaDeviceSynchronize());
-    long long tr[64][8];
-    CHECK(cudaMemcpyFromSymbol(tr, g_grid_trace, sizeof tr));
-    printf("  trace (median cycles)\n");
-    const char *names[8] = {"wait", "compute", "reduce+handover", "epilogue", "fence+flag", "poll", "multicast", "to next step"};
-    for (int k = 0; k < 8; ++k) {
-      std::vector<long long> d;
-      for (int i = 0; i + 1 < 64; ++i) d.push_back(k < 7 ? tr[i][k + 1] - tr[i][k] : tr[i + 1][0] - tr[i][7]);
-      std::sort(d.begin(), d.end());
-      printf("  %-16s %lld\n", names[k], d[d.size() / 2]);
-    }
-  }
-#endif
   CHECK(cudaFree(ws));
 }
 
@@ -168,7 +149,6 @@ int main(int argc, char **argv) {
   run<9, 72>(label, 8, 1152, 1);
   run<9, 72>(label, 16, 1152, 2);
   run<9, 72>(label, 16, 1152);
-#if PRNN_CLUSTER_ABLATE == 0 /* the FFMA kernel has no ablation bits */
   run_ffma<float, 8, 8, 6>(label, "f32", 4, 1024);
   run_ffma<float, 8, 8, 6>(label, "f32", 1, 1024);
   run_ffma<float, 8, 8, 6>(label, "f32", 16, 1024); /* more clusters than the device holds at once: waves */
@@ -178,6 +158,5 @@ int main(int argc, char **argv) {
   for (int batch : {1, 4, 8, 16}) run_grid<float>(label, "f32", batch, 2048);
   for (int batch : {1, 4, 8, 16}) run_grid<__nv_bfloat16>(label, "bf16", batch, 2048);
   run_grid<__half>(label, "f16", 8, 2048);
-#endif
   return 0;
 }

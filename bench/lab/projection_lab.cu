@@ -4,7 +4,7 @@
  * as (a) the recurrence with xp given, (b) the producers alone (only the
  * producer clusters launched: their throughput), (c) both in one launch.
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/projection_lab.cu -o build/plab
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/projection_lab.cu -o build/plab
  *   build/plab <label> [sustain]
  * Prints one line per case: microseconds per launch and per step; with
  * "sustain", runs the recurrence alone and fused in turn for about a second

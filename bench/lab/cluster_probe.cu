@@ -11,7 +11,7 @@
  * (the peer's bytes usually land first, tx-count below zero until the arm, as
  * PTX allows), which is what the cluster kernel does after its first step.
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench bench/cluster_probe.cu -o build/cluster_probe
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc/kernels -I bench/lab bench/lab/cluster_probe.cu -o build/cluster_probe
  *   build/cluster_probe CTAS BARS ROUNDS [late]   e.g. 2 1 1, 3 16 4 late
  * Prints "probe ...: OK" or the mismatch count; exit status 0 on OK.
  */
@@ -20,7 +20,7 @@
 #include <cstring>
 
 #include "cluster.cuh"
-#include "cuda_check.h"
+#include "../cuda_check.h"
 
 using namespace prnn;
 

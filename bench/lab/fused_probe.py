@@ -3,7 +3,7 @@ projection fused or not as this process's PRNN_FUSED_PROJECTION says (0
 never, 1 wherever a kernel can, unset the planner's rule): run it once per
 setting and compare.
 
-    PRNN_FUSED_PROJECTION=1 python3 bench/fused_probe.py [dtype [hidden [batches...]]]
+    PRNN_FUSED_PROJECTION=1 python3 bench/lab/fused_probe.py [dtype [hidden [batches...]]]
 """
 import os
 import sys
@@ -12,7 +12,7 @@ import torch
 
 import torch_prnn
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 from bench import DTYPES, median_ms  # noqa: E402
 
 

@@ -1,13 +1,13 @@
-/* lab_common.h - what the standalone kernel labs (kernel_lab.cu, cluster_lab.cu)
- * share: the buffers and forward parameters of a dense problem and the median
- * time of a launch. */
+/* lab_common.h - what the standalone kernel labs (kernel_lab.cu, cluster_lab.cu,
+ * projection_lab.cu) share: the buffers and forward parameters of a dense
+ * problem and the median time of a launch. */
 #ifndef PRNN_BENCH_LAB_COMMON_H
 #define PRNN_BENCH_LAB_COMMON_H
 
 #include <algorithm>
 #include <vector>
 
-#include "cuda_check.h"
+#include "../cuda_check.h" /* beside floor.cu, which bench.py runs */
 #include "rnn_math.cuh"
 
 /* Forward over contiguous tensors: A = W_hh [hidden x hidden], in = xp

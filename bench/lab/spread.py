@@ -1,6 +1,6 @@
 """How much an eager figure moves between rounds, and how much of it is host time.
 
-    python bench/spread.py [rounds [dtype:batch:hidden ...]]
+    python bench/lab/spread.py [rounds [dtype:batch:hidden ...]]
 
 For bf16/fp16/fp32 at B = 4, H = 1024 (or the shapes given), T = 256, per round (each a median of
 CUDA-event timings): the eager module forward, the same calls issued behind a
@@ -9,13 +9,14 @@ calls cost on the GPU alone), the forward replayed in a CUDA graph, and the
 training step (output.sum() backward) eager and behind the spin. The gap
 between "eager" and "behind spin" is the host time the GPU waited for.
 """
+import os
 import sys
 
 import torch
 
 import torch_prnn
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 from bench import DTYPES, graphed, median_ms  # noqa: E402
 
 
