@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 
 import torch
 
@@ -23,22 +24,34 @@ import torch_prnn
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def median_ms(fn, iters, warmup=3, before=None):
-    """Median CUDA-event time of fn() in ms; before() runs untimed ahead of each
+def time_ms(fn, device="cuda"):
+    """The time of one call of fn() in ms: between CUDA events on the current
+    stream on CUDA (the GPU's time, host gaps it waits through included),
+    perf_counter on the CPU, where the call is synchronous."""
+    if device == "cpu":
+        start = time.perf_counter()
+        fn()
+        return 1000 * (time.perf_counter() - start)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
+
+
+def median_ms(fn, iters, warmup=3, before=None, device="cuda"):
+    """Median time_ms of fn() after warm-up; before() runs untimed ahead of each
     start event (on the stream, so GPU work it queues delays the start)."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    if device != "cpu":
+        torch.cuda.synchronize()
     times = []
     for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if before is not None:
             before()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
+        times.append(time_ms(fn, device))
     return statistics.median(times)
 
 
@@ -63,16 +76,17 @@ CELLS = {  # --cell: (torch module, ours, converter, record name)
 }
 
 
-def models(hidden, dtype, cell="rnn"):
+def models(hidden, dtype, cell="rnn", device="cuda"):
+    """torch's module (input = hidden, one layer) and ours converted from it."""
     torch_name, ours_name, convert, _ = CELLS[cell]
-    ref = getattr(torch.nn, torch_name)(hidden, hidden, device="cuda", dtype=dtype)
+    ref = getattr(torch.nn, torch_name)(hidden, hidden, device=device, dtype=dtype)
     ours = getattr(getattr(torch_prnn, ours_name), convert)(ref)
     return ref, ours
 
 
-def initial_state(cell, batch, hidden, dtype):
+def initial_state(cell, batch, hidden, dtype, device="cuda"):
     """What the module takes as hx: h0, or (h0, c0) for an LSTM."""
-    h0 = torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+    h0 = torch.randn(1, batch, hidden, device=device, dtype=dtype)
     return (h0, torch.randn_like(h0)) if cell == "lstm" else h0
 
 
@@ -136,7 +150,6 @@ def slope_intercept(call_at):
 
 def host_us_per_call(fn, calls):
     """Host time of fn() in µs, calls back to back without synchronising (the CPU side alone)."""
-    import time
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
