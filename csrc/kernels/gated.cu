@@ -221,24 +221,6 @@ __device__ void block_products(const E *w, int rows, int U, int units, int Kp, c
   }
 }
 
-/* dst[place(i)] = value(i) for i < n: the prologue's copy of the on-chip
- * matrix, kPrologueDepth loads a thread in flight (its cost is latency, not
- * bytes; consecutive i read consecutive addresses). */
-const int kPrologueDepth = 16;
-template <typename E, class Place, class Value>
-__device__ __forceinline__ void stage_matrix_to(E *dst, int n, Place place, Value value) {
-  const int stride = blockDim.x;
-  for (int base = threadIdx.x; base < n; base += stride * kPrologueDepth) {
-    E v[kPrologueDepth];
-#pragma unroll
-    for (int j = 0; j < kPrologueDepth; ++j)
-      if (base + j * stride < n) v[j] = value(base + j * stride);
-#pragma unroll
-    for (int j = 0; j < kPrologueDepth; ++j)
-      if (base + j * stride < n) dst[place(base + j * stride)] = v[j];
-  }
-}
-
 /* Shared memory of the persistent kernels: the on-chip matrix, then floats. */
 __host__ __device__ inline size_t matrix_bytes(int rows, int Kp, size_t elem) { return align_up((size_t)rows * Kp * elem, 16); }
 
@@ -280,10 +262,10 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
   const E *w_hh = static_cast<const E *>(p.w_hh), *h0 = static_cast<const E *>(p.h0);
   E *y = static_cast<E *>(p.y);
 
-  stage_matrix_to(w, R * Kp, [](int idx) { return idx; }, [&](int idx) {
+  for (int idx = tid; idx < R * Kp; idx += nthreads) {
     const int r = idx / Kp, k = idx % Kp, g = r / U, ul = r % U;
-    return (ul < units && k < K) ? w_hh[(int64_t)(g * H + u0 + ul) * p.w_hh_stride + k] : Round<E>::to(0.f);
-  });
+    w[idx] = (ul < units && k < K) ? w_hh[(int64_t)(g * H + u0 + ul) * p.w_hh_stride + k] : Round<E>::to(0.f);
+  }
   if (Cell::kCarriesCell)
     for (int idx = tid; idx < units * B; idx += nthreads) {
       const int ul = idx % units, b = idx / units;
@@ -358,10 +340,10 @@ __global__ void __launch_bounds__(kThreads, 1) gated_backward_persistent(const G
   const E *grad_h_n = static_cast<const E *>(p.grad_h_n), *grad_c_n = static_cast<const E *>(p.grad_c_n);
 
   /* consecutive threads read consecutive columns of one row */
-  stage_matrix_to(w, U * Kp, [&](int idx) { return (idx % U) * Kp + idx / U; }, [&](int idx) {
+  for (int idx = tid; idx < U * Kp; idx += nthreads) {
     const int ul = idx % U, k = idx / U;
-    return (ul < units && k < K) ? w_hh[(int64_t)k * p.w_hh_stride + u0 + ul] : Round<E>::to(0.f);
-  });
+    w[ul * Kp + k] = (ul < units && k < K) ? w_hh[(int64_t)k * p.w_hh_stride + u0 + ul] : Round<E>::to(0.f);
+  }
   for (int idx = tid; idx < units * B; idx += nthreads) {
     const int ul = idx % units, b = idx / units, u = u0 + ul;
     carry_h[ul * B + b] = grad_h_n != NULL ? to_accum(grad_h_n[b * p.grad_h_n_stride_b + u]) : 0.f;
