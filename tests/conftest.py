@@ -64,6 +64,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _persistent_path(request, monkeypatch):
+    """The modules' calls stay on torch_prnn's kernels, which the tests are
+    about, even where torch's own recurrence is faster and a user's call would
+    be handed to it (torch_prnn/_crossover.py); tests marked torch_fallback
+    see the hand-over as users do."""
+    if request.node.get_closest_marker("torch_fallback") is None:
+        monkeypatch.setattr(torch_prnn._crossover, "enabled", False)
+
+
 # ---- hang guard -------------------------------------------------------------
 # @pytest.mark.hang_guard(seconds): if the test (setup, call and teardown) is
 # still running after `seconds`, faulthandler's watchdog thread (plain C, so it
@@ -79,6 +89,10 @@ _real_stderr_fd = None  # a copy of the terminal's stderr, which outlives output
 
 def pytest_configure(config):
     global _real_stderr_fd
+    config.addinivalue_line(
+        "markers",
+        "torch_fallback: the modules hand calls to torch's recurrence where it is faster, as for users",
+    )
     config.addinivalue_line(
         "markers",
         "hang_guard(seconds): dump every thread's traceback and exit the test process "

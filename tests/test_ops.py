@@ -446,6 +446,7 @@ def test_plan_cpu():
         "rows_per_cta": 33,
         "smem_bytes": 0,
         "fused_input_projection": False,
+        "module": "prnn",  # the hand-over is off in the tests (conftest; test_crossover.py)
     }
     # The CPU never fuses a layer's input projection into the recurrence.
     assert torch_prnn.plan(33, batch=4, steps=10, input_size=20) == plan

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
+from . import _crossover
+
 # Rows of W_ih and W_hh per hidden unit, by nn.RNNBase's mode.
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
@@ -121,6 +123,7 @@ class PersistentRNNBase(nn.Module):
                     names.append(name)
                 self._all_weights.append(names)
                 self._flat_weights_names.extend(names)
+        self.flatten_parameters()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -166,7 +169,26 @@ class PersistentRNNBase(nn.Module):
         return [getattr(self, name) for name in self._flat_weights_names]
 
     def flatten_parameters(self) -> None:
-        """No-op: the kernels take each layer's weights where they are."""
+        """As nn's: on CUDA, the parameters become views of one buffer in
+        cuDNN's layout, which the calls handed to cuDNN (large batches,
+        torch_prnn/_crossover.py) take as they are; the persistent kernels
+        take each weight where it is."""
+        nn.RNNBase.flatten_parameters(self)  # type: ignore[arg-type]
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self.flatten_parameters()
+        return module
+
+    def _torch_layers(self, x, batch_sizes, states, weights):
+        """Every layer on torch's own recurrence, as nn.LSTM / nn.GRU call it:
+        x is [T, B, I] time-major, or the packed data with its batch_sizes.
+        Returns (output, the final states)."""
+        run = torch._VF.lstm if self.mode == "LSTM" else torch._VF.gru
+        hx = states if self.mode == "LSTM" else states[0]
+        args = (weights, self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
+        result = run(x, hx, *args, False) if batch_sizes is None else run(x, batch_sizes, hx, *args)
+        return result[0], list(result[1:])
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
@@ -233,26 +255,37 @@ class PersistentRNNBase(nn.Module):
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
-        flip = None if lengths is None else _flip_index(lengths, steps, x.device)
-        finals = []  # the final states of each layer and direction
-        layer_input = x
-        for layer in range(self.num_layers):
-            if layer > 0 and self.dropout > 0 and self.training:
-                layer_input = F.dropout(layer_input, self.dropout, training=True)
-            outputs = []
-            for direction in range(num_directions):
-                index = layer * num_directions + direction
-                layer_states = [state[index] for state in states]
-                y, final = self._layer(layer_input, layer_states, index, direction == 1, lengths, flip)
-                outputs.append(y)
-                finals.append(final)
-            layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
-        output = layer_input
-        states = [torch.stack(state) for state in zip(*finals)]
+        # Where torch's own recurrence is faster (large batches), nn's call runs.
+        weights = self._flat_weights
+        if _crossover.torch_is_faster(
+            self.mode.lower(), x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
+            training=_crossover.needs_grad(weights, x, *states),
+        ):
+            # packed: on the packed data, as nn runs it
+            output, states = self._torch_layers(data if packed else x, batch_sizes if packed else None, states, weights)
+        else:
+            flip = None if lengths is None else _flip_index(lengths, steps, x.device)
+            finals = []  # the final states of each layer and direction
+            layer_input = x
+            for layer in range(self.num_layers):
+                if layer > 0 and self.dropout > 0 and self.training:
+                    layer_input = F.dropout(layer_input, self.dropout, training=True)
+                outputs = []
+                for direction in range(num_directions):
+                    index = layer * num_directions + direction
+                    layer_states = [state[index] for state in states]
+                    y, final = self._layer(layer_input, layer_states, index, direction == 1, lengths, flip)
+                    outputs.append(y)
+                    finals.append(final)
+                layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
+            output = layer_input
+            states = [torch.stack(state) for state in zip(*finals)]
+            if packed:
+                output = output.flatten(0, 1).index_select(0, rows)
 
         if packed:
             output = PackedSequence(
-                output.flatten(0, 1).index_select(0, rows),
+                output,
                 batch_sizes,
                 sorted_indices,
                 unsorted_indices,

@@ -5,6 +5,8 @@ the plan query."""
 import torch
 from torch import Tensor
 
+from . import _crossover
+
 _TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster",
           "persistent_cluster_grid")
 
@@ -197,7 +199,10 @@ def plan(
     its input projection runs inside the recurrence's launch (on CTAs the
     recurrence leaves idle) rather than as a GEMM before it. ``cell`` is
     ``"rnn"``, ``"lstm"`` or ``"gru"`` (``nonlinearity`` is the Elman cell's
-    only); ``proj_size`` is an LSTM's projection (0: none)."""
+    only); ``proj_size`` is an LSTM's projection (0: none). ``module`` says
+    what a module call of this shape runs: ``"prnn"``, or ``"torch"`` where
+    torch's own recurrence is faster and the module hands the call to it
+    (torch_prnn/_crossover.py; ``backward`` for a training call)."""
     tier, workspace_bytes, grid, block, rows_per_cta, smem_bytes, fused = torch.ops.prnn.plan(
         steps, batch, hidden_size, dtype, torch.device(device), nonlinearity, backward, lengths, input_size,
         cell, proj_size,
@@ -210,4 +215,7 @@ def plan(
         "rows_per_cta": rows_per_cta,
         "smem_bytes": smem_bytes,
         "fused_input_projection": bool(fused),
+        "module": "torch" if _crossover.torch_is_faster(
+            cell, dtype, torch.device(device).type, batch, hidden_size, proj_size, training=backward
+        ) else "prnn",
     }

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
+from . import _crossover
+
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
 _prnn_layer, _prnn_forward = torch.ops.prnn.layer.default, torch.ops.prnn.forward.default
@@ -126,6 +128,7 @@ class PersistentRNN(nn.Module):
                 self._all_weights.append(names)
         self._flat_weights_names = [name for names in self._all_weights for name in names]
         self._init_flat_weights()
+        self.flatten_parameters()
         self.reset_parameters()
 
     # nn.RNN's _flat_weights: the weights in _flat_weights_names' order, for
@@ -145,6 +148,7 @@ class PersistentRNN(nn.Module):
         # Conversions may put new tensors in _parameters directly, not through __setattr__.
         module = super()._apply(fn, recurse)
         self._init_flat_weights()
+        self.flatten_parameters()
         return module
 
     def _replicate_for_data_parallel(self):
@@ -207,7 +211,22 @@ class PersistentRNN(nn.Module):
         return [[getattr(self, name) for name in names] for names in self._all_weights]
 
     def flatten_parameters(self) -> None:
-        """No-op: the kernels take each layer's weights where they are."""
+        """As nn.RNN's: on CUDA, the parameters become views of one buffer in
+        cuDNN's layout, which the calls handed to cuDNN (large batches,
+        torch_prnn/_crossover.py) take as they are; the persistent kernels
+        take each weight where it is."""
+        nn.RNNBase.flatten_parameters(self)  # type: ignore[arg-type]
+
+    @torch.jit.unused
+    def _torch_layers(self, x: Tensor, batch_sizes: Tensor | None, hx: Tensor) -> tuple[Tensor, Tensor]:
+        """Every layer on torch's own recurrence, as nn.RNN calls it: x is
+        [T, B, I] time-major, or the packed data with its batch_sizes."""
+        run = torch._VF.rnn_tanh if self.nonlinearity == "tanh" else torch._VF.rnn_relu
+        weights = [getattr(self, name) for name in self._flat_weights_names]
+        args = (weights, self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
+        if batch_sizes is None:
+            return run(x, hx, *args, False)
+        return run(x, batch_sizes, hx, *args)
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
@@ -289,25 +308,38 @@ class PersistentRNN(nn.Module):
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
-        flip = _time_indices(lengths, steps, x.device)
-        states: list[Tensor] = []
-        layer_input = x
-        for layer in range(self.num_layers):
-            if layer > 0 and self.dropout > 0 and self.training:
-                layer_input = F.dropout(layer_input, self.dropout, training=True)
-            outputs: list[Tensor] = []
-            for direction in range(num_directions):
-                index = layer * num_directions + direction
-                y, h = self._layer(layer_input, hx[index], index, direction == 1, lengths, flip)
-                outputs.append(y)
-                states.append(h)
-            layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
-        # One layer's h_n is already a tensor of its own: a view, not a copy.
-        output, h_n = layer_input, states[0].unsqueeze(0) if len(states) == 1 else torch.stack(states)
+        # Where torch's own recurrence is faster (large batches), nn.RNN's call runs.
+        on_torch = False
+        if not torch.jit.is_scripting():
+            on_torch = _crossover.torch_is_faster(
+                "rnn", x.dtype, x.device.type, batch, self.hidden_size,
+                training=_crossover.needs_grad(self._flat_weights, x, hx),
+            )
+        if on_torch:
+            # packed: on the packed data, as nn.RNN runs it
+            output, h_n = self._torch_layers(x if lengths is None else data, None if lengths is None else batch_sizes, hx)
+        else:
+            flip = _time_indices(lengths, steps, x.device)
+            states: list[Tensor] = []
+            layer_input = x
+            for layer in range(self.num_layers):
+                if layer > 0 and self.dropout > 0 and self.training:
+                    layer_input = F.dropout(layer_input, self.dropout, training=True)
+                outputs: list[Tensor] = []
+                for direction in range(num_directions):
+                    index = layer * num_directions + direction
+                    y, h = self._layer(layer_input, hx[index], index, direction == 1, lengths, flip)
+                    outputs.append(y)
+                    states.append(h)
+                layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
+            # One layer's h_n is already a tensor of its own: a view, not a copy.
+            output, h_n = layer_input, states[0].unsqueeze(0) if len(states) == 1 else torch.stack(states)
+            if lengths is not None:
+                output = output.flatten(0, 1).index_select(0, rows)
 
         if lengths is not None:
             output = PackedSequence(
-                output.flatten(0, 1).index_select(0, rows),
+                output,
                 batch_sizes,
                 sorted_indices,
                 unsorted_indices,

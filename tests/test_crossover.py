@@ -1,0 +1,160 @@
+"""The hand-over to torch's own recurrence where it is faster
+(torch_prnn/_crossover.py): which calls go, that a handed-over call is nn's
+computation bit for bit (outputs, states and gradients), for every input form,
+and that the modules' parameters are in cuDNN's layout on CUDA so that cuDNN
+neither warns nor copies them."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import torch_prnn
+from torch_prnn import _crossover
+
+from conftest import REPO, run_python  # noqa: F401
+
+pytestmark = pytest.mark.torch_fallback
+
+CELLS = {"rnn": (torch_prnn.PersistentRNN, nn.RNN), "lstm": (torch_prnn.PersistentLSTM, nn.LSTM),
+         "gru": (torch_prnn.PersistentGRU, nn.GRU)}
+
+
+@pytest.mark.parametrize("cell", sorted(CELLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("training", [False, True])
+def test_cuda_limits_are_a_batch_threshold(cell, dtype, training):
+    # For each hidden size, ours up to some batch and torch from there on, never back.
+    for hidden in (7, 256, 384, 385, 512, 768, 1024, 1025, 2048, 4096):
+        on_torch = [_crossover.torch_is_faster(cell, dtype, "cuda", b, hidden, training=training)
+                    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)]
+        assert on_torch == sorted(on_torch), (hidden, on_torch)
+    assert not _crossover.torch_is_faster(cell, dtype, "cuda", 1, 256, training=training)
+    assert _crossover.torch_is_faster(cell, dtype, "cuda", 4096, 2048, training=training)
+
+
+def test_limits_follow_the_measurements():
+    faster = _crossover.torch_is_faster
+    assert faster("lstm", torch.float16, "cuda", 8, 256)  # cuDNN's persistent LSTM kernel
+    assert not faster("lstm", torch.bfloat16, "cuda", 8, 256)
+    assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
+    assert not faster("lstm", torch.float32, "cuda", 16, 1024)
+    assert not faster("rnn", torch.float32, "cuda", 128, 512)  # the Elman cluster tier
+    assert faster("rnn", torch.float32, "cuda", 256, 512)
+    assert not faster("rnn", torch.bfloat16, "cuda", 1024, 1024)
+    assert faster("gru", torch.float32, "cuda", 4, 2048)  # past the persistent gated kernels
+    assert faster("lstm", torch.float32, "cuda", 1, 256, proj_size=64)
+    assert faster("lstm", torch.float32, "cpu", 1, 8)  # nn.LSTM's oneDNN LSTM
+    assert not faster("rnn", torch.float32, "cpu", 1024, 1024)
+    assert not faster("gru", torch.float32, "cpu", 1024, 1024)
+    assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
+
+
+def test_plan_says_what_a_module_runs():
+    assert torch_prnn.plan(1024, batch=32, cell="lstm", device="cpu")["module"] == "torch"
+    assert torch_prnn.plan(1024, batch=32, cell="gru", device="cpu")["module"] == "prnn"
+    assert torch_prnn.plan(8, batch=1, device="cpu")["module"] == "prnn"
+
+
+def test_environment_turns_the_hand_over_off():
+    code = ("import torch, torch_prnn; from torch_prnn import _crossover; "
+            "print(_crossover.enabled, torch_prnn.plan(8, cell='lstm', device='cpu')['module'])")
+    rc, out = run_python(["-c", code], timeout=120, env_extra={"PRNN_TORCH_FALLBACK": "0"})
+    assert rc == 0 and out.strip().splitlines()[-1] == "False prnn", out
+
+
+def _pair(cell, device, dtype, **kwargs):
+    ours_cls, nn_cls = CELLS[cell]
+    ours = ours_cls(5, 6, device=device, dtype=dtype, **kwargs)
+    ref = nn_cls(5, 6, device=device, dtype=dtype, **kwargs)
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def _assert_same_call(ours, ref, make_input, hx=None):
+    """Forward and backward of both modules on the same input: equal bit for bit."""
+    inputs = [make_input() for _ in range(2)]
+    outs = []
+    for module, x in zip((ours, ref), inputs):
+        y, h = module(x, hx)
+        data = y.data if isinstance(y, nn.utils.rnn.PackedSequence) else y
+        states = list(h) if isinstance(h, tuple) else [h]
+        grads = torch.autograd.grad(data.square().sum() + sum(s.square().sum() for s in states),
+                                    [x.data if isinstance(x, nn.utils.rnn.PackedSequence) else x,
+                                     *module.parameters()])
+        outs.append((data, states, grads))
+    (y0, s0, g0), (y1, s1, g1) = outs
+    assert torch.equal(y0, y1)
+    assert all(torch.equal(a, b) for a, b in zip(s0, s1))
+    assert len(g0) == len(g1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_layers": 2, "bidirectional": True, "batch_first": True},
+                                    {"proj_size": 3}, {"num_layers": 2, "dropout": 0.0, "bias": False}])
+def test_cpu_lstm_is_nn_lstm(kwargs):
+    ours, ref = _pair("lstm", "cpu", torch.float32, **kwargs)
+    assert torch_prnn.plan(6, batch=3, cell="lstm", device="cpu")["module"] == "torch"
+    shape = (3, 4, 5) if kwargs.get("batch_first") else (4, 3, 5)
+    x = torch.randn(shape)
+    _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
+    # unbatched, and hx given
+    u = torch.randn(4, 5)
+    _assert_same_call(ours, ref, lambda: u.clone().requires_grad_())
+    layers = ours.num_layers * (2 if ours.bidirectional else 1)
+    hx = (torch.randn(layers, 3, ours.proj_size or 6), torch.randn(layers, 3, 6))
+    _assert_same_call(ours, ref, lambda: x.clone().requires_grad_(), hx)
+
+
+@pytest.mark.parametrize("enforce_sorted", [False, True])
+def test_cpu_lstm_packed_is_nn_lstm(enforce_sorted):
+    ours, ref = _pair("lstm", "cpu", torch.float32, num_layers=2)
+    x = torch.randn(6, 4, 5)
+    lengths = torch.tensor([6, 5, 3, 1]) if enforce_sorted else torch.tensor([3, 6, 1, 5])
+    _assert_same_call(ours, ref, lambda: pack_padded_sequence(x.clone().requires_grad_(), lengths,
+                                                              enforce_sorted=enforce_sorted))
+
+
+def test_cpu_lstm_bad_input_errors_stay():
+    ours, ref = _pair("lstm", "cpu", torch.float32)
+    for bad in (torch.randn(4, 3, 7), torch.randn(4, 3, 5, 1)):
+        with pytest.raises((RuntimeError, ValueError)) as ours_err:
+            ours(bad)
+        with pytest.raises((RuntimeError, ValueError)) as ref_err:
+            ref(bad)
+        assert type(ours_err.value) is type(ref_err.value)
+    with pytest.raises(RuntimeError, match="Expected hidden"):
+        ours(torch.randn(4, 3, 5), (torch.randn(1, 2, 6), torch.randn(1, 2, 6)))
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@needs_cuda
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_cuda_large_batch_is_nn(cell):
+    batch = 1024
+    assert torch_prnn.plan(6, batch=batch, cell=cell, device="cuda", backward=True)["module"] == "torch"
+    ours, ref = _pair(cell, "cuda", torch.float32, num_layers=2)
+    # nn's own modules are flattened at creation; ours are too, so cuDNN takes them as they are.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # cuDNN's "not part of single contiguous chunk" would raise
+        x = torch.randn(3, batch, 5, device="cuda")
+        _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
+        lengths = torch.randint(1, 4, (batch,))
+        _assert_same_call(ours, ref, lambda: pack_padded_sequence(x.clone().requires_grad_(), lengths,
+                                                                  enforce_sorted=False))
+        ours.cpu().cuda()  # flattened again after a move
+        ref.cpu().cuda()
+        _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
+
+
+@needs_cuda
+def test_cuda_parameters_share_one_buffer_and_load_both_ways():
+    ours, ref = _pair("lstm", "cuda", torch.float32, num_layers=2, bidirectional=True)
+    storages = {p.untyped_storage().data_ptr() for p in ours.parameters()}
+    assert len(storages) == 1
+    ref.load_state_dict(ours.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    assert len({p.untyped_storage().data_ptr() for p in ours.parameters()}) == 1
