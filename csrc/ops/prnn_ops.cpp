@@ -117,9 +117,10 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& xp, const at::T
     return {y.to(xp.scalar_type()), h_n.to(xp.scalar_type())};
   }
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  // forward_aten allocates its own outputs.
+  if (!is_empty(problem) && !use_cpu_reference()) return forward_aten(xp, h0, w_hh, lengths, problem.activation);
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
   if (is_empty(problem)) return {y, final_state(y, h0, lengths)};
-  if (!use_cpu_reference()) return forward_aten(xp, h0, w_hh, lengths, problem.activation);
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
