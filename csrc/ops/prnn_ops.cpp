@@ -908,6 +908,14 @@ TORCH_LIBRARY(prnn, m) {
       "gru_backward(Tensor grad_y, Tensor? grad_h_n, Tensor h0, Tensor y, Tensor saved, "
       "Tensor w_hh, Tensor? lengths) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh, "
       "Tensor grad_b_hh)");
+  // Every layer of a one-direction PersistentRNN, PersistentLSTM or
+  // PersistentGRU, from input [T,B,I], h [layers,B,S] and an LSTM's c: what
+  // their forward runs for an eager call on tensor input, in one crossing
+  // from Python (prnn_layers.cpp). params: the modules' _flat_weights; mode:
+  // nn's. c_n is None but for an LSTM.
+  m.def(
+      "layers(Tensor input, Tensor h, Tensor? c, Tensor[] params, str mode, float dropout) "
+      "-> (Tensor output, Tensor h_n, Tensor c_n)");
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
