@@ -37,6 +37,7 @@ def extension():
         os.path.join("csrc", "ops", "prnn_ops.cpp"),
         os.path.join("csrc", "ops", "prnn_cpu.cpp"),
         os.path.join("csrc", "ops", "prnn_autograd.cpp"),
+        os.path.join("csrc", "ops", "prnn_layers.cpp"),
         os.path.join("csrc", "ops", "prnn_stream.cpp"),
         os.path.join(KERNELS, "status.c"),
         os.path.join(KERNELS, "cpu_reference.c"),

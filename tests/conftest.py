@@ -1,6 +1,6 @@
 """Shared test helpers: the devices to run on, a float64 reference of the op,
-relative errors, nn.RNN twins of PersistentRNN modules, the hang guard, and
-running Python in a subprocess."""
+relative errors, nn.RNN twins of PersistentRNN modules, a model around one
+for TorchScript, the hang guard, and running Python in a subprocess."""
 
 import faulthandler
 import os
@@ -242,3 +242,15 @@ def twins(device="cpu", dtype=torch.float64, **kwargs):
     reference = torch.nn.RNN(**kwargs, device=device, dtype=torch.float64)
     reference.load_state_dict(ours.state_dict())
     return ours, reference
+
+
+class Batched(torch.nn.Module):
+    """A model around a PersistentRNN for tensor input, as TorchScript
+    scripts it (the RNN's own forward is overloaded, as nn.RNN's is)."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
+        return self.rnn(x, hx)

@@ -46,7 +46,8 @@ def test_limits_follow_the_measurements():
     assert not faster("rnn", torch.bfloat16, "cuda", 1024, 1024)
     assert faster("gru", torch.float32, "cuda", 4, 2048)  # past the persistent gated kernels
     assert faster("lstm", torch.float32, "cuda", 1, 256, proj_size=64)
-    assert faster("lstm", torch.float32, "cpu", 1, 8)  # nn.LSTM's oneDNN LSTM
+    assert faster("lstm", torch.float32, "cpu", 1, 256)  # nn.LSTM's oneDNN LSTM
+    assert not faster("lstm", torch.float32, "cpu", 1, 8)  # one small step a call: ours
     assert not faster("rnn", torch.float32, "cpu", 1024, 1024)
     assert not faster("gru", torch.float32, "cpu", 1024, 1024)
     assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
@@ -54,21 +55,22 @@ def test_limits_follow_the_measurements():
 
 def test_plan_says_what_a_module_runs():
     assert torch_prnn.plan(1024, batch=32, cell="lstm", device="cpu")["module"] == "torch"
+    assert torch_prnn.plan(8, batch=1, cell="lstm", device="cpu")["module"] == "prnn"
     assert torch_prnn.plan(1024, batch=32, cell="gru", device="cpu")["module"] == "prnn"
     assert torch_prnn.plan(8, batch=1, device="cpu")["module"] == "prnn"
 
 
 def test_environment_turns_the_hand_over_off():
     code = ("import torch, torch_prnn; from torch_prnn import _crossover; "
-            "print(_crossover.enabled, torch_prnn.plan(8, cell='lstm', device='cpu')['module'])")
+            "print(_crossover.enabled, torch_prnn.plan(256, cell='lstm', device='cpu')['module'])")
     rc, out = run_python(["-c", code], timeout=120, env_extra={"PRNN_TORCH_FALLBACK": "0"})
     assert rc == 0 and out.strip().splitlines()[-1] == "False prnn", out
 
 
-def _pair(cell, device, dtype, **kwargs):
+def _pair(cell, device, dtype, hidden=6, **kwargs):
     ours_cls, nn_cls = CELLS[cell]
-    ours = ours_cls(5, 6, device=device, dtype=dtype, **kwargs)
-    ref = nn_cls(5, 6, device=device, dtype=dtype, **kwargs)
+    ours = ours_cls(5, hidden, device=device, dtype=dtype, **kwargs)
+    ref = nn_cls(5, hidden, device=device, dtype=dtype, **kwargs)
     ref.load_state_dict(ours.state_dict())
     return ours, ref
 
@@ -94,8 +96,8 @@ def _assert_same_call(ours, ref, make_input, hx=None):
 @pytest.mark.parametrize("kwargs", [{}, {"num_layers": 2, "bidirectional": True, "batch_first": True},
                                     {"proj_size": 3}, {"num_layers": 2, "dropout": 0.0, "bias": False}])
 def test_cpu_lstm_is_nn_lstm(kwargs):
-    ours, ref = _pair("lstm", "cpu", torch.float32, **kwargs)
-    assert torch_prnn.plan(6, batch=3, cell="lstm", device="cpu")["module"] == "torch"
+    ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, **kwargs)
+    assert torch_prnn.plan(256, batch=3, cell="lstm", device="cpu")["module"] == "torch"
     shape = (3, 4, 5) if kwargs.get("batch_first") else (4, 3, 5)
     x = torch.randn(shape)
     _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
@@ -103,13 +105,13 @@ def test_cpu_lstm_is_nn_lstm(kwargs):
     u = torch.randn(4, 5)
     _assert_same_call(ours, ref, lambda: u.clone().requires_grad_())
     layers = ours.num_layers * (2 if ours.bidirectional else 1)
-    hx = (torch.randn(layers, 3, ours.proj_size or 6), torch.randn(layers, 3, 6))
+    hx = (torch.randn(layers, 3, ours.proj_size or 256), torch.randn(layers, 3, 256))
     _assert_same_call(ours, ref, lambda: x.clone().requires_grad_(), hx)
 
 
 @pytest.mark.parametrize("enforce_sorted", [False, True])
 def test_cpu_lstm_packed_is_nn_lstm(enforce_sorted):
-    ours, ref = _pair("lstm", "cpu", torch.float32, num_layers=2)
+    ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, num_layers=2)
     x = torch.randn(6, 4, 5)
     lengths = torch.tensor([6, 5, 3, 1]) if enforce_sorted else torch.tensor([3, 6, 1, 5])
     _assert_same_call(ours, ref, lambda: pack_padded_sequence(x.clone().requires_grad_(), lengths,
@@ -117,7 +119,7 @@ def test_cpu_lstm_packed_is_nn_lstm(enforce_sorted):
 
 
 def test_cpu_lstm_bad_input_errors_stay():
-    ours, ref = _pair("lstm", "cpu", torch.float32)
+    ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256)
     for bad in (torch.randn(4, 3, 7), torch.randn(4, 3, 5, 1)):
         with pytest.raises((RuntimeError, ValueError)) as ours_err:
             ours(bad)
@@ -125,7 +127,7 @@ def test_cpu_lstm_bad_input_errors_stay():
             ref(bad)
         assert type(ours_err.value) is type(ref_err.value)
     with pytest.raises(RuntimeError, match="Expected hidden"):
-        ours(torch.randn(4, 3, 5), (torch.randn(1, 2, 6), torch.randn(1, 2, 6)))
+        ours(torch.randn(4, 3, 5), (torch.randn(1, 2, 256), torch.randn(1, 2, 256)))
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -158,3 +160,12 @@ def test_cuda_parameters_share_one_buffer_and_load_both_ways():
     ref.load_state_dict(ours.state_dict())
     ours.load_state_dict(ref.state_dict())
     assert len({p.untyped_storage().data_ptr() for p in ours.parameters()}) == 1
+
+
+def test_cpu_lstm_one_step_no_grad_is_nn_lstm():
+    # The eager one-timestep call (torch_prnn/_short.py) hands over as the regular path does.
+    ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, num_layers=2)
+    x, state = torch.randn(1, 2, 5), (torch.randn(2, 2, 256), torch.randn(2, 2, 256))
+    with torch.no_grad():
+        (y0, (h0, c0)), (y1, (h1, c1)) = ours(x, state), ref(x, state)
+    assert torch.equal(y0, y1) and torch.equal(h0, h1) and torch.equal(c0, c1)

@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from conftest import assert_close, devices, twins
+from conftest import Batched, assert_close, devices, twins
 
 # Configurations whose attributes differ: nonlinearity, bias, layers, directions.
 CONFIGS = [
@@ -165,15 +165,6 @@ def test_bare_module_checkpoint_loads_with_weights_only(tmp_path):
 # deprecates torch.jit.script and torch.jit.save / load.
 
 script_tests = pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning")
-
-
-class Batched(nn.Module):
-    def __init__(self, rnn):
-        super().__init__()
-        self.rnn = rnn
-
-    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
-        return self.rnn(x, hx)
 
 
 class Packed(nn.Module):

@@ -49,9 +49,12 @@ _CUDA_LIMITS = {
     ("gru", "any", True): ((384, 64), (768, 32), (1024, 16)),
 }
 
-# On the CPU, nn.LSTM's oneDNN LSTM beat our ATen steps at every size
-# measured (0.2-0.7x); Elman and GRU were at least even (0.98-1.25x forward).
+# On the CPU, nn.LSTM's oneDNN LSTM beat our ATen steps at H = 256 and 1024
+# (0.2-0.7x, T = 256, B 1-16); at H = 8 one step a call ours was faster (19
+# against 45 µs: bench/NOTES.md, one timestep a call). Elman and GRU were at
+# least even (0.98-1.25x forward).
 _CPU_TORCH_CELLS = ("lstm",)
+_CPU_TORCH_MIN_HIDDEN = 256
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
@@ -73,7 +76,7 @@ def torch_is_faster(cell: str, dtype: torch.dtype, device_type: str, batch: int,
     if not enabled or dtype == torch.float64:
         return False
     if device_type == "cpu":
-        return cell in _CPU_TORCH_CELLS
+        return cell in _CPU_TORCH_CELLS and hidden >= _CPU_TORCH_MIN_HIDDEN
     if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
     if proj_size > 0:  # our stepwise tier

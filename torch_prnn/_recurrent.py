@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _crossover
+from . import _crossover, _short
 
 # Rows of W_ih and W_hh per hidden unit, by nn.RNNBase's mode.
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
@@ -217,6 +217,11 @@ class PersistentRNNBase(nn.Module):
         return states[0]
 
     def forward(self, input, hx=None):
+        # An eager call on tensor input: all layers in one op (torch_prnn/_short.py).
+        if _short.applies(self, input):
+            short = _short.forward(self, input, None if hx is None else self._unpack_hx(hx), self._state_sizes)
+            if short is not None:
+                return short[0], self._pack_hx(short[1:])
         _refuse_func_autodiff(type(self).__name__)
         states = None if hx is None else self._unpack_hx(hx)
         packed = isinstance(input, PackedSequence)
@@ -279,7 +284,8 @@ class PersistentRNNBase(nn.Module):
                     finals.append(final)
                 layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
             output = layer_input
-            states = [torch.stack(state) for state in zip(*finals)]
+            # One layer's final state is already a tensor of its own: a view, not a copy.
+            states = [state[0].unsqueeze(0) if len(state) == 1 else torch.stack(state) for state in zip(*finals)]
             if packed:
                 output = output.flatten(0, 1).index_select(0, rows)
 

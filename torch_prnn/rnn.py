@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _crossover
+from . import _crossover, _short
 
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
@@ -257,6 +257,11 @@ class PersistentRNN(nn.Module):
 
     def forward(self, input, hx: Tensor | None = None):  # noqa: F811
         if not torch.jit.is_scripting():
+            # An eager call on tensor input: all layers in one op (torch_prnn/_short.py).
+            if _short.applies(self, input):
+                short = _short.forward(self, input, None if hx is None else [hx], (self.hidden_size,))
+                if short is not None:
+                    return short[0], short[1]
             _refuse_func_autodiff()
         num_directions = 2 if self.bidirectional else 1
         # isinstance and `lengths is not None` (packed input only), not a flag:

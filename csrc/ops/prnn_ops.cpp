@@ -117,9 +117,10 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& xp, const at::T
     return {y.to(xp.scalar_type()), h_n.to(xp.scalar_type())};
   }
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  // forward_aten allocates its own outputs.
+  if (!is_empty(problem) && !use_cpu_reference()) return forward_aten(xp, h0, w_hh, lengths, problem.activation);
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
   if (is_empty(problem)) return {y, final_state(y, h0, lengths)};
-  if (!use_cpu_reference()) return forward_aten(xp, h0, w_hh, lengths, problem.activation);
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
@@ -907,6 +908,14 @@ TORCH_LIBRARY(prnn, m) {
       "gru_backward(Tensor grad_y, Tensor? grad_h_n, Tensor h0, Tensor y, Tensor saved, "
       "Tensor w_hh, Tensor? lengths) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh, "
       "Tensor grad_b_hh)");
+  // Every layer of a one-direction PersistentRNN, PersistentLSTM or
+  // PersistentGRU, from input [T,B,I], h [layers,B,S] and an LSTM's c: what
+  // their forward runs for an eager call on tensor input, in one crossing
+  // from Python (prnn_layers.cpp). params: the modules' _flat_weights; mode:
+  // nn's. c_n is None but for an LSTM.
+  m.def(
+      "layers(Tensor input, Tensor h, Tensor? c, Tensor[] params, str mode, float dropout) "
+      "-> (Tensor output, Tensor h_n, Tensor c_n)");
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
