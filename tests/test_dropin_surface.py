@@ -179,8 +179,13 @@ class Packed(nn.Module):
 def assert_same(got, expected):
     for a, b in zip(got, expected, strict=True):
         if isinstance(b, PackedSequence):
-            assert torch.equal(a.batch_sizes, b.batch_sizes)
+            for field in ("batch_sizes", "sorted_indices", "unsorted_indices"):
+                x, y = getattr(a, field), getattr(b, field)
+                assert (x is None and y is None) or torch.equal(x, y), field
             a, b = a.data, b.data
+        elif isinstance(b, tuple):  # LSTM's (h_n, c_n)
+            assert_same(a, b)
+            continue
         assert torch.equal(a, b)
 
 
@@ -228,22 +233,177 @@ def test_script_packed_matches_eager(device, enforce_sorted):
         assert_same(scripted(packed, h), model(packed, h))
 
 
+# PersistentLSTM and PersistentGRU script as nn.LSTM and nn.GRU do; the
+# scripted module always runs torch_prnn's ops, also where eager hands the
+# call to torch's own recurrence.
+
+
+class LSTMBatched(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+        return self.rnn(x, hx)
+
+
+class LSTMPacked(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: PackedSequence, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+        return self.rnn(x, hx)
+
+
+# cell: (module, the op its forward direction runs, wrappers for tensor and packed input)
+CELLS = {
+    "rnn": (torch_prnn.PersistentRNN, "prnn::layer", Batched, Packed),
+    "lstm": (torch_prnn.PersistentLSTM, "prnn::lstm", LSTMBatched, LSTMPacked),
+    "gru": (torch_prnn.PersistentGRU, "prnn::gru", Batched, Packed),
+}
+
+GATED_SCRIPT_CONFIGS = [
+    ("lstm", dict(num_layers=2, bidirectional=True)),
+    ("lstm", dict(bias=False, batch_first=True, proj_size=3)),
+    ("lstm", dict(num_layers=2, bidirectional=True, dropout=0.5, proj_size=2)),
+    ("gru", dict(num_layers=2, bidirectional=True)),
+    ("gru", dict(bias=False, batch_first=True, num_layers=2, dropout=0.5)),
+]
+
+
+def script(cell, packed=False, device="cpu", dtype=torch.float64, **kwargs):
+    """A module of `cell` in its wrapper, and the wrapper scripted, checked
+    to call the cell's op and none of torch's recurrences (aten::rnn_tanh,
+    aten::lstm, aten::gru, ...)."""
+    cls, op, batched_wrapper, packed_wrapper = CELLS[cell]
+    rnn = cls(4, 7, device=device, dtype=dtype, **kwargs)
+    model = (packed_wrapper if packed else batched_wrapper)(rnn)
+    scripted = torch.jit.script(model)
+    graph = str(scripted.inlined_graph)
+    assert op in graph and f"aten::{cell}" not in graph, graph
+    return rnn, model, scripted
+
+
+def random_hx(rnn, batch, device):
+    """A random hx for `batch` sequences, requiring grad: h, or LSTM's (h, c)."""
+    layers = rnn.num_layers * (2 if rnn.bidirectional else 1)
+    sizes = [rnn.proj_size or rnn.hidden_size] + ([rnn.hidden_size] if isinstance(rnn, torch_prnn.PersistentLSTM) else [])
+    hx = [torch.randn(layers, batch, size, dtype=torch.float64, device=device, requires_grad=True) for size in sizes]
+    return tuple(hx) if len(hx) == 2 else hx[0]
+
+
+def unbatched_hx(hx):
+    return tuple(t[:, 0] for t in hx) if isinstance(hx, tuple) else hx[:, 0]
+
+
+def values_and_grads(model, input, hx, parameters):
+    """model(input, hx)'s output, final states and the gradients of their sum
+    with respect to the input (a packed input's data), hx and the parameters,
+    with the same dropout mask on every call."""
+    torch.manual_seed(1)
+    output, h_n = model(input, hx)
+    # A scripted module's packed output is a namedtuple of its own, as nn.LSTM's.
+    values = [output.data if hasattr(output, "batch_sizes") else output]
+    values += list(h_n) if isinstance(h_n, tuple) else [h_n]
+    hx_leaves = [] if hx is None else list(hx) if isinstance(hx, tuple) else [hx]
+    leaves = [input.data if isinstance(input, PackedSequence) else input, *hx_leaves, *parameters]
+    return values + list(torch.autograd.grad(sum(v.sum() for v in values), leaves))
+
+
 @script_tests
-def test_script_twice_and_save_load(tmp_path):
-    """Scripting twice in one process (the same model, then another one), and
-    scripted models saved with torch.jit.save and loaded back, as nn.RNN's are."""
-    rnn = torch_prnn.PersistentRNN(4, 7, num_layers=2, bidirectional=True)
-    other = torch_prnn.PersistentRNN(4, 3, nonlinearity="relu")
-    first, second = torch.jit.script(Batched(rnn)), torch.jit.script(Batched(rnn))
-    scripted_other, scripted_packed = torch.jit.script(Batched(other)), torch.jit.script(Packed(rnn))
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("cell,kwargs", GATED_SCRIPT_CONFIGS, ids=str)
+def test_gated_script_matches_eager(device, cell, kwargs):
+    """Batched and unbatched input, hx given and absent, in training mode
+    (dropout included): the scripted model's outputs, final states and
+    gradients are eager's, to the bit."""
+    rnn, model, scripted = script(cell, device=device, **kwargs)
+    x = torch.randn(3, 5, 4, dtype=torch.float64, device=device, requires_grad=True)
+    hx = random_hx(rnn, 3 if rnn.batch_first else 5, device)
+    for input, h in [(x, None), (x, hx), (x[0], None), (x[0], unbatched_hx(hx))]:
+        got = values_and_grads(scripted, input, h, rnn.parameters())
+        assert_same(got, values_and_grads(model, input, h, rnn.parameters()))
+
+
+@script_tests
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+@pytest.mark.parametrize("cell,kwargs", [("lstm", dict(proj_size=3)), ("lstm", {}), ("gru", {})], ids=str)
+def test_gated_script_packed_matches_eager(device, enforce_sorted, cell, kwargs):
+    rnn, model, scripted = script(cell, packed=True, device=device, num_layers=2, bidirectional=True, **kwargs)
+    lengths = torch.tensor([5, 3, 3, 1]) if enforce_sorted else torch.tensor([3, 5, 1, 3])
+    x = torch.randn(5, 4, 4, dtype=torch.float64, device=device)
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    packed = PackedSequence(packed.data.requires_grad_(), packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
+    for h in (None, random_hx(rnn, 4, device)):
+        assert_same(scripted(packed, h), model(packed, h))
+        got = values_and_grads(scripted, packed, h, rnn.parameters())
+        assert_same(got, values_and_grads(model, packed, h, rnn.parameters()))
+
+
+# Calls forward refuses: (name, cell, packed input, make (input, hx)).
+BAD_CALLS = [
+    ("4-D input", "lstm", False, lambda: (torch.randn(2, 5, 3, 4), None)),
+    ("hx rank", "lstm", False, lambda: (torch.randn(5, 3, 4), (torch.randn(1, 3, 7), torch.randn(3, 7)))),
+    ("hx batch", "gru", False, lambda: (torch.randn(5, 3, 4), torch.randn(1, 2, 7))),
+    ("unbatched hx rank", "gru", False, lambda: (torch.randn(5, 4), torch.randn(1, 1, 7))),
+    ("input size", "gru", False, lambda: (torch.randn(5, 3, 6), None)),
+    ("no steps", "lstm", False, lambda: (torch.randn(0, 3, 4), None)),
+    ("malformed packing", "gru", True, lambda: (PackedSequence(torch.randn(10, 4), torch.tensor([3, 2, 3, 1, 1])), None)),
+    ("packed hx batch", "lstm", True,
+     lambda: (pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([3, 5, 1]), enforce_sorted=False),
+              (torch.randn(1, 2, 7), torch.randn(1, 2, 7)))),
+]
+
+
+@script_tests
+@pytest.mark.parametrize("name,cell,packed,make", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_gated_script_refuses_as_eager(name, cell, packed, make):
+    """The scripted forward refuses what eager refuses, with its error type
+    and message."""
+    _, model, scripted = script(cell, packed=packed, dtype=torch.float32)
+    input, hx = make()
+    with pytest.raises(Exception) as eager:
+        model(input, hx)
+    with pytest.raises(torch.jit.Error) as scripted_error:
+        scripted(input, hx)
+    assert f"builtins.{type(eager.value).__name__}: {eager.value}" in str(scripted_error.value)
+
+
+@script_tests
+@pytest.mark.torch_fallback
+def test_gated_script_stays_on_torch_prnn(monkeypatch):
+    """Where eager hands the call to torch's recurrence (an LSTM on the
+    CPU), the scripted module runs torch_prnn's op: eager's numbers with the
+    hand-over off."""
+    _, model, scripted = script("lstm", dtype=torch.float32)
     x = torch.randn(5, 3, 4)
-    assert_same(first(x), rnn(x))
-    assert_same(second(x), rnn(x))
+    got = scripted(x)
+    monkeypatch.setattr(torch_prnn._crossover, "enabled", False)
+    assert_same(got, model(x))
+
+
+@script_tests
+@pytest.mark.parametrize("cell", CELLS)
+def test_script_twice_and_save_load(cell, tmp_path):
+    """Scripting twice in one process (the same model, then another one), and
+    scripted models saved with torch.jit.save and loaded back, as nn's are:
+    eager's outputs, and gradients that reach the loaded module's own
+    parameters."""
+    rnn, model, first = script(cell, num_layers=2, bidirectional=True)
+    second = torch.jit.script(model)
+    _, other, scripted_other = script(cell, bias=False, batch_first=True)
+    scripted_packed = torch.jit.script(CELLS[cell][3](rnn))
+    x = torch.randn(5, 3, 4, dtype=torch.float64, requires_grad=True)
+    assert_same(first(x), model(x))
+    assert_same(second(x), model(x))
     assert_same(scripted_other(x), other(x))
     torch.jit.save(first, tmp_path / "batched.pt")
     torch.jit.save(scripted_packed, tmp_path / "packed.pt")
     loaded, loaded_packed = torch.jit.load(tmp_path / "batched.pt"), torch.jit.load(tmp_path / "packed.pt")
-    assert_same(loaded(x), rnn(x))
+    expected = values_and_grads(model, x, None, rnn.parameters())
+    assert_same(values_and_grads(loaded, x, None, loaded.parameters()), expected)
     sequence = pack_padded_sequence(x, torch.tensor([5, 2, 1]))
     assert_same(loaded_packed(sequence), rnn(sequence))
 
@@ -331,11 +491,13 @@ def test_packed_rows_op():
     [torch.nn.utils.parametrizations.weight_norm, torch.nn.utils.weight_norm],
     ids=["parametrizations.weight_norm", "weight_norm hook"],
 )
-def test_script_refuses_computed_weights(parametrize):
+@pytest.mark.parametrize("cell", CELLS)
+def test_script_refuses_computed_weights(parametrize, cell):
     """A weight computed by a parametrization cannot be scripted (nor can
-    nn.RNN's): one clear error at script time, naming the supported paths,
+    nn's): one clear error at script time, naming the supported paths,
     never a scripted model running on the raw weight."""
-    rnn = torch_prnn.PersistentRNN(4, 7)
+    cls, _, wrapper, _ = CELLS[cell]
+    rnn = cls(4, 7)
     parametrize(rnn, "weight_hh_l0")
     with pytest.raises(RuntimeError, match=r"\['weight_hh_l0'\] are computed .* torch.compile and torch.export do"):
-        torch.jit.script(Batched(rnn))
+        torch.jit.script(wrapper(rnn))

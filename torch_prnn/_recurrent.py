@@ -25,11 +25,16 @@ class PersistentRNNBase(nn.Module):
     """Parameters, interface and input handling of torch.nn.RNNBase; the
     recurrence of each layer and direction is the subclass's ``_recurrence``:
     ``(xp [T,B,G*H], states [each B x size], w_hh, b_hh, w_hr, lengths) ->
-    (y [T,B,S], *final states)``."""
+    (y [T,B,S], [final states])``, annotated for TorchScript."""
 
     # nn's message for input that is neither 2-D nor 3-D: nn.RNN's words; LSTM
     # and GRU override it with nn.LSTM's and nn.GRU's (no "tensor").
     _input_dim_error = "RNN: Expected input to be 2D or 3D, got {}D tensor instead"
+    __constants__ = ["_input_dim_error"]  # a class attribute: TorchScript sees it as a constant
+
+    # Not compiled by TorchScript (they read weights by name): the scripted
+    # forward reads _scripted_weights, set by __prepare_scriptable__.
+    __jit_unused_properties__ = ["all_weights", "_flat_weights"]
 
     def __init__(
         self,
@@ -180,6 +185,20 @@ class PersistentRNNBase(nn.Module):
         self.flatten_parameters()
         return module
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first. TorchScript has no _parameters
+        # and no getattr by a computed name: the scripted forward reads the
+        # weights from this list, which cannot follow a computed weight.
+        computed = [name for name in self._flat_weights_names if name not in self._parameters]
+        if computed:
+            raise RuntimeError(
+                f"torch.jit.script: {type(self).__name__} weights {computed} are computed (weight_norm "
+                f"or another parametrization), which TorchScript does not support (nor for nn.{self.mode}); "
+                "torch.compile and torch.export do"
+            )
+        self._scripted_weights = self._flat_weights
+        return self
+
     def _torch_layers(self, x, batch_sizes, states, weights):
         """Every layer on torch's own recurrence, as nn.LSTM / nn.GRU call it:
         x is [T, B, I] time-major, or the packed data with its batch_sizes.
@@ -208,11 +227,11 @@ class PersistentRNNBase(nn.Module):
 
     # ---- hx as the caller passes it, and the states inside
 
-    def _unpack_hx(self, hx) -> list[Tensor]:
+    def _unpack_hx(self, hx: Tensor) -> list[Tensor]:
         """hx -> its states, each [layers * directions, batch, size]."""
         return [hx]
 
-    def _pack_hx(self, states: list[Tensor]):
+    def _pack_hx(self, states: list[Tensor]) -> Tensor:
         """The final states -> h_n as forward returns it."""
         return states[0]
 
@@ -306,16 +325,87 @@ class PersistentRNNBase(nn.Module):
                 states = [state.squeeze(1) for state in states]
         return output, self._pack_hx(states)
 
+    # ---- forward under TorchScript: forward's steps in its order and with its
+    # messages, on torch_prnn's ops only (the hand-over to torch is eager's).
+    # Two methods, as TorchScript compiles forward once per input type; each
+    # returns (output, h_n) as forward does. Eager forward keeps these steps
+    # inline: as methods shared with it they cost it ~0.6 us of host time a call.
+
+    def _script_padded(self, input: Tensor, states: list[Tensor] | None):
+        if input.dim() not in (2, 3):
+            raise ValueError(self._input_dim_error.format(input.dim()))
+        is_batched = input.dim() == 3
+        if states is not None and any(state.dim() != input.dim() for state in states):
+            raise RuntimeError(_state_dim_error(is_batched, states))
+        batch_dim = 0 if self.batch_first else 1
+        if not is_batched:
+            input = input.unsqueeze(batch_dim)
+            if states is not None:
+                states = [state.unsqueeze(1) for state in states]
+        self._check_input(input, expected_dim=3)
+        x = input.transpose(0, 1) if self.batch_first else input
+        output, finals = self._script_layers(x, states, None, None)
+        if self.batch_first:
+            output = output.transpose(0, 1)
+        if not is_batched:
+            output = output.squeeze(batch_dim)
+            finals = [state.squeeze(1) for state in finals]
+        return output, self._pack_hx(finals)
+
+    def _script_packed(self, input: PackedSequence, states: list[Tensor] | None):
+        data, batch_sizes, sorted_indices, unsorted_indices = input
+        self._check_input(data, expected_dim=2)
+        x, lengths, rows = _pad(data, batch_sizes)
+        output, finals = self._script_layers(x, states, lengths, sorted_indices)
+        output = output.flatten(0, 1).index_select(0, rows)
+        if unsorted_indices is not None:
+            finals = [state.index_select(1, unsorted_indices) for state in finals]
+        return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), self._pack_hx(finals)
+
+    def _script_layers(
+        self, x: Tensor, states: list[Tensor] | None, lengths: Tensor | None, sorted_indices: Tensor | None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """x [T,B,I] time-major and hx's states (batched, in the caller's
+        order) -> (output [T,B,D*S], the final states)."""
+        steps, batch = x.shape[0], x.shape[1]
+        num_directions = 2 if self.bidirectional else 1
+        expected = [(self.num_layers * num_directions, batch, size) for size in self._state_sizes]
+        if states is None:
+            states = [x.new_zeros(shape) for shape in expected]
+        else:
+            _check_state_sizes(states, expected)  # before the permutation, as forward
+            if sorted_indices is not None:
+                states = [state.index_select(1, sorted_indices) for state in states]
+        if steps == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+        flip = None if lengths is None else _flip_index(lengths, steps, x.device)
+        finals: list[list[Tensor]] = []  # the final states of each layer and direction
+        layer_input = x
+        for layer in range(self.num_layers):
+            if layer > 0 and self.dropout > 0 and self.training:
+                layer_input = F.dropout(layer_input, self.dropout, training=True)
+            outputs: list[Tensor] = []
+            for direction in range(num_directions):
+                index = layer * num_directions + direction
+                layer_states = [state[index] for state in states]
+                y, final = self._layer(layer_input, layer_states, index, direction == 1, lengths, flip)
+                outputs.append(y)
+                finals.append(final)
+            layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
+        return layer_input, [torch.stack([final[i] for final in finals]) for i in range(len(states))]
+
     def _check_input(self, input: Tensor, expected_dim: int) -> None:
-        weight = self._parameters.get("weight_ih_l0")
-        if weight is None:  # replaced by weight_norm or a parametrization
-            weight = self.weight_ih_l0
-        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
-            raise ValueError(
-                f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
-                f"Convert input: input.to({weight.dtype}), or convert model: "
-                f"model.to({input.dtype})"
-            )
+        # Under TorchScript the ops check the dtypes, as nn's do there.
+        if not torch.jit.is_scripting():
+            weight = self._parameters.get("weight_ih_l0")
+            if weight is None:  # replaced by weight_norm or a parametrization
+                weight = self.weight_ih_l0
+            if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
+                raise ValueError(
+                    f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
+                    f"Convert input: input.to({weight.dtype}), or convert model: "
+                    f"model.to({input.dtype})"
+                )
         if input.dim() != expected_dim:
             raise RuntimeError(f"input must have {expected_dim} dimensions, got {input.dim()}")
         if self.input_size != input.size(-1):
@@ -327,16 +417,28 @@ class PersistentRNNBase(nn.Module):
     def _weights(self, index: int) -> list[Tensor]:
         """The parameters of one layer and direction, in nn's order:
         w_ih, w_hh, then b_ih, b_hh with bias, then w_hr with proj_size."""
+        if torch.jit.is_scripting():  # no _parameters there: __prepare_scriptable__'s list
+            n = len(self._all_weights[index])  # the same for every layer and direction
+            return self._scripted_weights[index * n : index * n + n]
         # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
         # host time the GPU waits for); getattr where weight_norm or a
         # parametrization replaced a parameter with a computed attribute.
+        # (No `:=` here: TorchScript parses this branch too, and not that.)
         params = self._parameters
         return [
-            w if (w := params.get(name)) is not None else getattr(self, name)
+            params[name] if name in params else getattr(self, name)
             for name in self._all_weights[index]
         ]
 
-    def _layer(self, x, states, index, reverse, lengths, flip):
+    def _layer(
+        self,
+        x: Tensor,
+        states: list[Tensor],
+        index: int,
+        reverse: bool,
+        lengths: Tensor | None,
+        flip: Tensor | None,
+    ) -> tuple[Tensor, list[Tensor]]:
         """One layer and direction: x [T,B,I] -> (y [T,B,S], its final states)."""
         weights = self._weights(index)
         w_ih, w_hh = weights[0], weights[1]
@@ -349,7 +451,7 @@ class PersistentRNNBase(nn.Module):
         xp = F.linear(x, w_ih, b_ih)
         if reverse:
             xp = _flip(xp, flip)
-        y, *final = self._recurrence(xp, states, w_hh, b_hh, w_hr, lengths)
+        y, final = self._recurrence(xp, states, w_hh, b_hh, w_hr, lengths)
         return (_flip(y, flip) if reverse else y), final
 
     def _recurrence(self, xp, states, w_hh, b_hh, w_hr, lengths):
@@ -408,9 +510,10 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     # What pack_padded_sequence makes. Without this check a hand-built one with
     # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
     if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
+        sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
         raise RuntimeError(
             "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
-            f"data rows, got batch_sizes {batch_sizes.tolist()} for {data.shape[0]} rows"
+            f"data rows, got batch_sizes {sizes} for {data.shape[0]} rows"
         )
     steps, batch = batch_sizes.numel(), int(batch_sizes[0])
     valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
@@ -420,7 +523,7 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     return padded.view(steps, batch, data.shape[-1]), lengths, rows
 
 
-def _flip_index(lengths: Tensor, steps: int, device) -> Tensor:
+def _flip_index(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
     """The step index [T,B,1] that reverses each sequence within its length
     (padding stays in place)."""
     t = torch.arange(steps).unsqueeze(1)

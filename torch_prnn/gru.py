@@ -1,12 +1,17 @@
 """PersistentGRU: a drop-in replacement for torch.nn.GRU on prnn::gru."""
 
+from typing import overload
+
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
 
 from ._recurrent import PersistentRNNBase, _refuse_proj_size
 
 # The op overload itself: the packet's name lookup and dispatch cost host time per call.
 _prnn_gru = torch.ops.prnn.gru.default
+# TorchScript knows ops by name, not overload objects.
+torch.jit._builtins._register_builtin(_prnn_gru, "prnn::gru")
 
 
 class PersistentGRU(PersistentRNNBase):
@@ -48,6 +53,36 @@ class PersistentGRU(PersistentRNNBase):
         weights (same device and dtype), and its training mode."""
         return cls._converted(gru, nn.GRU, "from_gru")
 
-    def _recurrence(self, xp, states, w_hh, b_hh, w_hr, lengths):
+    # TorchScript compiles forward once per input type, as it does nn.GRU's.
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        pass
+
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(  # noqa: F811
+        self, input: PackedSequence, hx: Tensor | None = None
+    ) -> tuple[PackedSequence, Tensor]:
+        pass
+
+    def forward(self, input, hx: Tensor | None = None):  # noqa: F811
+        # Eager: the base's forward, which may hand the call to torch (_crossover.py).
+        if not torch.jit.is_scripting():
+            return PersistentRNNBase.forward(self, input, hx)
+        states = None if hx is None else self._unpack_hx(hx)
+        if isinstance(input, PackedSequence):
+            return self._script_packed(input, states)
+        return self._script_padded(input, states)
+
+    def _recurrence(
+        self,
+        xp: Tensor,
+        states: list[Tensor],
+        w_hh: Tensor,
+        b_hh: Tensor | None,
+        w_hr: Tensor | None,
+        lengths: Tensor | None,
+    ) -> tuple[Tensor, list[Tensor]]:
         y, h_n, _ = _prnn_gru(xp, b_hh, states[0], w_hh, lengths)
-        return y, h_n
+        return y, [h_n]

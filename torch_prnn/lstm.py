@@ -1,12 +1,17 @@
 """PersistentLSTM: a drop-in replacement for torch.nn.LSTM on prnn::lstm."""
 
+from typing import overload
+
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
 
 from ._recurrent import PersistentRNNBase
 
 # The op overload itself: the packet's name lookup and dispatch cost host time per call.
 _prnn_lstm = torch.ops.prnn.lstm.default
+# TorchScript knows ops by name, not overload objects.
+torch.jit._builtins._register_builtin(_prnn_lstm, "prnn::lstm")
 
 
 class PersistentLSTM(PersistentRNNBase):
@@ -48,14 +53,46 @@ class PersistentLSTM(PersistentRNNBase):
         weights (same device and dtype), and its training mode."""
         return cls._converted(lstm, nn.LSTM, "from_lstm", "proj_size")
 
-    def _unpack_hx(self, hx):
+    # TorchScript compiles forward once per input type, as it does nn.LSTM's.
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(
+        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        pass
+
+    @overload
+    @torch._jit_internal._overload_method
+    def forward(  # noqa: F811
+        self, input: PackedSequence, hx: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[PackedSequence, tuple[Tensor, Tensor]]:
+        pass
+
+    def forward(self, input, hx: tuple[Tensor, Tensor] | None = None):  # noqa: F811
+        # Eager: the base's forward, which may hand the call to torch (_crossover.py).
+        if not torch.jit.is_scripting():
+            return PersistentRNNBase.forward(self, input, hx)
+        states = None if hx is None else self._unpack_hx(hx)
+        if isinstance(input, PackedSequence):
+            return self._script_packed(input, states)
+        return self._script_padded(input, states)
+
+    def _unpack_hx(self, hx: tuple[Tensor, Tensor]) -> list[Tensor]:
         if len(hx) != 2:
             raise RuntimeError("lstm expects two hidden states")
         return [hx[0], hx[1]]
 
-    def _pack_hx(self, states):
+    def _pack_hx(self, states: list[Tensor]) -> tuple[Tensor, Tensor]:
         return states[0], states[1]
 
-    def _recurrence(self, xp, states, w_hh, b_hh, w_hr, lengths):
+    def _recurrence(
+        self,
+        xp: Tensor,
+        states: list[Tensor],
+        w_hh: Tensor,
+        b_hh: Tensor | None,
+        w_hr: Tensor | None,
+        lengths: Tensor | None,
+    ) -> tuple[Tensor, list[Tensor]]:
         y, h_n, c_n, _ = _prnn_lstm(xp, b_hh, states[0], states[1], w_hh, w_hr, lengths)
-        return y, h_n, c_n
+        return y, [h_n, c_n]
