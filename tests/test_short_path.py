@@ -175,7 +175,8 @@ def test_follows_parameter_changes(cell, device, counted):
 
     def check(x, hx):
         assert_identical(*both_paths(module, x, hx, counted))
-        with torch.no_grad():
+        # cuDNN's float32 without TF32, which it would use by default
+        with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             torch.testing.assert_close(module(x, hx)[0], nn_twin(cell, module)(x, hx)[0])
 
     x, hx = make_call(module, True, True, requires_grad=True)
