@@ -58,6 +58,9 @@ _CPU_TORCH_MIN_HIDDEN = 256
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
+# The cell of each nn.RNNBase mode, as torch_is_faster names it.
+CELL_OF_MODE = {"RNN_TANH": "rnn", "RNN_RELU": "rnn", "LSTM": "lstm", "GRU": "gru"}
+
 
 def _dtype_class(cell: str, dtype: torch.dtype) -> str:
     if cell == "gru":

@@ -282,7 +282,7 @@ class PersistentRNNBase(nn.Module):
         # Where torch's own recurrence is faster (large batches), nn's call runs.
         weights = self._flat_weights
         if _crossover.torch_is_faster(
-            self.mode.lower(), x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
+            _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
             training=_crossover.needs_grad(weights, x, *states),
         ):
             # packed: on the packed data, as nn runs it

@@ -80,9 +80,9 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
         return None
     if steps == 0:
         return None
-    cell = "rnn" if module.mode.startswith("RNN") else module.mode.lower()
-    if _crossover.torch_is_faster(cell, x.dtype, x.device.type, batch, module.hidden_size, module.proj_size,
-                                  training=_crossover.needs_grad(weights, x, h, *(() if c is None else (c,)))):
+    training = _crossover.needs_grad(weights, x, h, *(() if c is None else (c,)))
+    if _crossover.torch_is_faster(_crossover.CELL_OF_MODE[module.mode], x.dtype, x.device.type, batch,
+                                  module.hidden_size, module.proj_size, training=training):
         return None  # the regular path hands the call to torch's recurrence
 
     dropout = module.dropout if module.training else 0.0
