@@ -130,6 +130,73 @@ def test_cpu_lstm_bad_input_errors_stay():
         ours(torch.randn(4, 3, 5), (torch.randn(1, 2, 256), torch.randn(1, 2, 256)))
 
 
+class _VFCalls:
+    """Stands for torch._VF: each call's arguments go to `calls`, then torch._VF runs it."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            return getattr(torch._VF, name)(*args)
+        return call
+
+
+# A call of each form: (module keywords, input shape, lengths of a packed input or None).
+FORMS = {
+    "time-major": ({}, (4, 3, 5), None),
+    "batch-first": ({"batch_first": True}, (3, 4, 5), None),
+    "unbatched": ({}, (4, 5), None),
+    "two directions": ({"bidirectional": True}, (4, 3, 5), None),
+    "packed": ({}, (4, 3, 5), torch.tensor([2, 4, 1])),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_hand_over_is_nns_call_on_the_modules_parameters(cell, form, monkeypatch):
+    """A handed-over call is one torch._VF call with nn's arguments, given the
+    module's parameters themselves in nn's order: on CUDA those are the views
+    of the buffer flatten_parameters made, which cuDNN takes without copying
+    them (a list rebuilt from copies, or in another order, would be compacted
+    on every call, with cuDNN's warning)."""
+    monkeypatch.setattr(_crossover, "_CPU_TORCH_CELLS", tuple(CELLS))  # every call handed over
+    monkeypatch.setattr(_crossover, "_CPU_TORCH_MIN_HIDDEN", 0)
+    kwargs, shape, lengths = FORMS[form]
+    packed = lengths is not None
+    x = torch.randn(shape)
+
+    def make_input():
+        leaf = x.clone().requires_grad_()
+        return pack_padded_sequence(leaf, lengths, enforce_sorted=False) if packed else leaf
+
+    ours, ref = _pair(cell, "cpu", torch.float32, num_layers=2, **kwargs)
+    assert ours._flat_weights_names == ref._flat_weights_names
+    ours_calls, nn_calls = [], []
+    monkeypatch.setattr(_crossover, "_VF_OF_MODE", {mode: getattr(_VFCalls(ours_calls), run.__name__)
+                                                    for mode, run in _crossover._VF_OF_MODE.items()})
+    monkeypatch.setattr(torch.nn.modules.rnn, "_VF", _VFCalls(nn_calls))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_same_call(ours, ref, make_input)
+    assert len(ours_calls) == len(nn_calls) == 1
+    (name, args), (nn_name, nn_args) = ours_calls[0], nn_calls[0]
+    assert name == nn_name and len(args) == len(nn_args)
+    weights_at = 3 if packed else 2
+    for i, (arg, nn_arg) in enumerate(zip(args, nn_args)):
+        if i == weights_at:  # each module's own parameters, the very tensors
+            for module, passed in ((ours, arg), (ref, nn_arg)):
+                params = [module._parameters[name] for name in module._flat_weights_names]
+                assert len(passed) == len(params) and all(w is p for w, p in zip(passed, params))
+        elif isinstance(arg, (tuple, list)):  # LSTM's (h, c)
+            assert len(arg) == len(nn_arg) and all(torch.equal(a, b) for a, b in zip(arg, nn_arg))
+        elif isinstance(arg, torch.Tensor):  # the input (the same values: a copy each), hx, batch_sizes
+            assert arg.shape == nn_arg.shape and arg.stride() == nn_arg.stride() and torch.equal(arg, nn_arg)
+        else:
+            assert arg == nn_arg, i
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

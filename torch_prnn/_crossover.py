@@ -61,6 +61,27 @@ enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 # The cell of each nn.RNNBase mode, as torch_is_faster names it.
 CELL_OF_MODE = {"RNN_TANH": "rnn", "RNN_RELU": "rnn", "LSTM": "lstm", "GRU": "gru"}
 
+# The recurrence nn's forward of each mode calls (looked up once: torch._VF's
+# attribute lookup is a Python __getattr__).
+_VF_OF_MODE = {"RNN_TANH": torch._VF.rnn_tanh, "RNN_RELU": torch._VF.rnn_relu, "LSTM": torch._VF.lstm,
+               "GRU": torch._VF.gru}
+
+
+def run_torch(module, x, batch_sizes, hx, weights, batch_first: bool = False):
+    """The call nn.RNN / nn.LSTM / nn.GRU.forward makes, with module's
+    configuration: x [T, B, I] ([B, T, I] with batch_first), or a packed
+    sequence's data with its batch_sizes; hx: h, or an LSTM's (h, c), each
+    [layers * directions, B, size]; weights: the parameters in nn's order
+    (_flat_weights_names), which on CUDA are views of the buffer
+    flatten_parameters made, so cuDNN takes them without a copy. Returns
+    torch._VF's tuple: (output, h_n), an LSTM's (output, h_n, c_n)."""
+    run = _VF_OF_MODE[module.mode]
+    if batch_sizes is None:
+        return run(x, hx, weights, module.bias, module.num_layers, module.dropout, module.training,
+                   module.bidirectional, batch_first)
+    return run(x, batch_sizes, hx, weights, module.bias, module.num_layers, module.dropout, module.training,
+               module.bidirectional)
+
 
 def _dtype_class(cell: str, dtype: torch.dtype) -> str:
     if cell == "gru":
@@ -91,7 +112,8 @@ def torch_is_faster(cell: str, dtype: torch.dtype, device_type: str, batch: int,
 
 
 def needs_grad(weights, *tensors) -> bool:
-    """Whether a call's backward can run: grad mode on and any of its tensors requiring grad."""
+    """Whether a call's backward can run: grad mode on and any of its tensors
+    (None: absent) requiring grad."""
     if not torch.is_grad_enabled():
         return False
-    return any(t.requires_grad for t in weights) or any(t.requires_grad for t in tensors)
+    return any(t.requires_grad for t in weights) or any(t is not None and t.requires_grad for t in tensors)

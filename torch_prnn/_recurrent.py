@@ -203,10 +203,8 @@ class PersistentRNNBase(nn.Module):
         """Every layer on torch's own recurrence, as nn.LSTM / nn.GRU call it:
         x is [T, B, I] time-major, or the packed data with its batch_sizes.
         Returns (output, the final states)."""
-        run = torch._VF.lstm if self.mode == "LSTM" else torch._VF.gru
-        hx = states if self.mode == "LSTM" else states[0]
-        args = (weights, self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
-        result = run(x, hx, *args, False) if batch_sizes is None else run(x, batch_sizes, hx, *args)
+        hx = (states[0], states[1]) if self.mode == "LSTM" else states[0]
+        result = _crossover.run_torch(self, x, batch_sizes, hx, weights)
         return result[0], list(result[1:])
 
     def extra_repr(self) -> str:

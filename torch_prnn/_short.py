@@ -1,9 +1,12 @@
 """The short path of the modules' forward, for the eager call on tensor input
 of a one-direction module: an inference server's or a robot's one timestep a
-call. It checks only what decides that the call is such a one and valid, then
-runs every layer in one op, ``torch.ops.prnn.layers``, which runs the ops of
-the regular path in its order with its arguments (autograd, autocast and
-dispatch modes see the same ops). Everything else takes the regular path,
+call, and the calls handed to torch's recurrence (torch_prnn/_crossover.py:
+large batches, the CPU's LSTMs). It checks only what decides that the call is
+such a one and valid, then runs every layer in one op, ``torch.ops.prnn.layers``,
+which runs the ops of the regular path in its order with its arguments
+(autograd, autocast and dispatch modes see the same ops), or hands the call
+over with nn's own torch._VF call, on the input as nn passes it, so that a
+handed-over call costs what nn's does. Everything else takes the regular path,
 which raises its own error for bad input: packed input, two directions, a
 weight computed by weight_norm or a parametrization, a dtype or shape the
 regular path would refuse (or autocast), and calls under torch.compile,
@@ -37,6 +40,7 @@ def applies(module, input) -> bool:
 
 def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
     """(output, h_n, c_n) of the module's forward (c_n None but for an LSTM),
+    on our op or handed over to torch's recurrence as the regular path would,
     or None where the regular path must run. states: hx's (h, and an LSTM's
     c), or None for zeros; sizes: their feature sizes."""
     dim = input.dim()
@@ -60,7 +64,7 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
     if input.dtype != weights[0].dtype or input.shape[-1] != module.input_size:
         return None
 
-    # The regular path's views, in its order: a batch dimension, then time first.
+    # A batch dimension as the regular path adds it.
     batched = dim == 3
     batch_first = module.batch_first
     x = input
@@ -69,26 +73,30 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
         if h is not None:
             h = h.unsqueeze(1)
             c = None if c is None else c.unsqueeze(1)
-    if batch_first:
-        x = x.transpose(0, 1)
-    steps, batch, _ = x.shape
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     layers = module.num_layers
-    if h is None:
-        h = x.new_zeros((layers, batch, sizes[0]))
-        c = None if len(sizes) == 1 else x.new_zeros((layers, batch, sizes[1]))
-    elif h.shape != (layers, batch, sizes[0]) or c is not None and c.shape != (layers, batch, sizes[1]):
+    if h is not None and (h.shape != (layers, batch, sizes[0])
+                          or c is not None and c.shape != (layers, batch, sizes[1])):
         return None
     if steps == 0:
         return None
-    training = _crossover.needs_grad(weights, x, h, *(() if c is None else (c,)))
-    if _crossover.torch_is_faster(_crossover.CELL_OF_MODE[module.mode], x.dtype, x.device.type, batch,
-                                  module.hidden_size, module.proj_size, training=training):
-        return None  # the regular path hands the call to torch's recurrence
-
-    dropout = module.dropout if module.training else 0.0
-    output, h_n, c_n = _layers(x, h, c, weights, module.mode, dropout)
-    if batch_first:
-        output = output.transpose(0, 1)
+    training = _crossover.needs_grad(weights, x, h, c)
+    on_torch = _crossover.torch_is_faster(_crossover.CELL_OF_MODE[module.mode], x.dtype, x.device.type, batch,
+                                          module.hidden_size, module.proj_size, training=training)
+    if not on_torch and batch_first:  # time first for our op, before the zeros as in the regular path
+        x = x.transpose(0, 1)
+    if h is None:
+        h = x.new_zeros((layers, batch, sizes[0]))
+        c = None if len(sizes) == 1 else x.new_zeros((layers, batch, sizes[1]))
+    if on_torch:
+        # nn's own call, on the input as nn passes it (batch-first or not).
+        result = _crossover.run_torch(module, x, None, h if c is None else (h, c), weights, batch_first)
+        output, h_n, c_n = result[0], result[1], (result[2] if c is not None else None)
+    else:
+        dropout = module.dropout if module.training else 0.0
+        output, h_n, c_n = _layers(x, h, c, weights, module.mode, dropout)
+        if batch_first:
+            output = output.transpose(0, 1)
     if not batched:
         output = output.squeeze(0 if batch_first else 1)
         h_n = h_n.squeeze(1)

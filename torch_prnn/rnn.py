@@ -221,12 +221,8 @@ class PersistentRNN(nn.Module):
     def _torch_layers(self, x: Tensor, batch_sizes: Tensor | None, hx: Tensor) -> tuple[Tensor, Tensor]:
         """Every layer on torch's own recurrence, as nn.RNN calls it: x is
         [T, B, I] time-major, or the packed data with its batch_sizes."""
-        run = torch._VF.rnn_tanh if self.nonlinearity == "tanh" else torch._VF.rnn_relu
         weights = [getattr(self, name) for name in self._flat_weights_names]
-        args = (weights, self.bias, self.num_layers, self.dropout, self.training, self.bidirectional)
-        if batch_sizes is None:
-            return run(x, hx, *args, False)
-        return run(x, batch_sizes, hx, *args)
+        return _crossover.run_torch(self, x, batch_sizes, hx, weights)
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
