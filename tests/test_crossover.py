@@ -220,6 +220,26 @@ def test_cuda_large_batch_is_nn(cell):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_cuda_parameters_are_one_cudnn_buffer_in_every_dtype(cell, dtype):
+    # bfloat16 too, which nn's flatten_parameters leaves as it is (nn's bfloat16 modules
+    # compact their weights on every call, with cuDNN's warning; ours do not).
+    hidden = 1600 if cell == "rnn" and dtype != torch.float32 else 6  # 16-bit Elman stays ours to H = 1536
+    ours, ref = _pair(cell, "cuda", dtype, hidden=hidden, num_layers=2)
+    converted = getattr(CELLS[cell][0], {"rnn": "from_rnn", "lstm": "from_lstm", "gru": "from_gru"}[cell])(ref)
+    for module in (ours, converted, ours.float().to(dtype)):
+        assert len({p.untyped_storage().data_ptr() for p in module.parameters()}) == 1
+    batch = 1024
+    assert torch_prnn.plan(hidden, batch=batch, dtype=dtype, cell=cell, device="cuda", backward=True)["module"] == "torch"
+    x = torch.randn(3, batch, 5, device="cuda", dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
+    assert not [w for w in caught if "torch_prnn" in w.filename], [str(w.message) for w in caught]
+
+
+@needs_cuda
 def test_cuda_parameters_share_one_buffer_and_load_both_ways():
     ours, ref = _pair("lstm", "cuda", torch.float32, num_layers=2, bidirectional=True)
     storages = {p.untyped_storage().data_ptr() for p in ours.parameters()}

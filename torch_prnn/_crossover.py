@@ -19,6 +19,7 @@ call on the persistent kernels), for measuring them.
 import os
 
 import torch
+from torch import nn
 
 _INF = float("inf")
 
@@ -65,6 +66,40 @@ CELL_OF_MODE = {"RNN_TANH": "rnn", "RNN_RELU": "rnn", "LSTM": "lstm", "GRU": "gr
 # attribute lookup is a Python __getattr__).
 _VF_OF_MODE = {"RNN_TANH": torch._VF.rnn_tanh, "RNN_RELU": torch._VF.rnn_relu, "LSTM": torch._VF.lstm,
                "GRU": torch._VF.gru}
+
+
+def flatten_parameters(module) -> None:
+    """nn.RNNBase.flatten_parameters on a module of ours: on CUDA, its
+    parameters become views of one buffer in cuDNN's layout, so that the
+    calls handed to cuDNN take them as they are. bfloat16 too, which nn's
+    leaves as it is (torch.backends.cudnn.is_acceptable has no bfloat16),
+    so that cuDNN would compact nn's bfloat16 weights into a new buffer on
+    every call, with its "not part of single contiguous chunk of memory"
+    warning: cuDNN runs bfloat16 RNNs, and that compaction is this same
+    flattening (H200: a handed-over bfloat16 forward at T = 64 took ~0.75 of
+    the time of one that compacts, bench/NOTES.md step 45)."""
+    nn.RNNBase.flatten_parameters(module)  # type: ignore[arg-type]
+    weights = module._flat_weights
+    if (
+        not weights
+        or len(weights) != len(module._flat_weights_names)
+        or not all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.is_cuda for w in weights)
+        or torch.version.hip is not None  # MIOpen: left to nn's
+        or not torch._C._get_cudnn_enabled()
+        or not torch.backends.cudnn.is_available()
+        or len({w.data_ptr() for w in weights}) != len(weights)  # aliased: nn's copying path
+        or not torch._use_cudnn_rnn_flatten_weight()
+    ):
+        return
+    from torch.backends.cudnn import rnn
+
+    # nn's own call, in nn's words (torch/nn/modules/rnn.py, flatten_parameters).
+    with torch.cuda.device_of(weights[0]), torch.no_grad():
+        torch._cudnn_rnn_flatten_weight(
+            weights, (4 if module.bias else 2) + (1 if module.proj_size > 0 else 0), module.input_size,
+            rnn.get_cudnn_mode(module.mode), module.hidden_size, module.proj_size, module.num_layers,
+            module.batch_first, bool(module.bidirectional),
+        )
 
 
 def run_torch(module, x, batch_sizes, hx, weights, batch_first: bool = False):

@@ -177,8 +177,9 @@ class PersistentRNNBase(nn.Module):
         """As nn's: on CUDA, the parameters become views of one buffer in
         cuDNN's layout, which the calls handed to cuDNN (large batches,
         torch_prnn/_crossover.py) take as they are; the persistent kernels
-        take each weight where it is."""
-        nn.RNNBase.flatten_parameters(self)  # type: ignore[arg-type]
+        take each weight where it is. bfloat16 too, which nn's leaves as
+        it is (_crossover.flatten_parameters)."""
+        _crossover.flatten_parameters(self)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)

@@ -214,8 +214,9 @@ class PersistentRNN(nn.Module):
         """As nn.RNN's: on CUDA, the parameters become views of one buffer in
         cuDNN's layout, which the calls handed to cuDNN (large batches,
         torch_prnn/_crossover.py) take as they are; the persistent kernels
-        take each weight where it is."""
-        nn.RNNBase.flatten_parameters(self)  # type: ignore[arg-type]
+        take each weight where it is. bfloat16 too, which nn's leaves as
+        it is (_crossover.flatten_parameters)."""
+        _crossover.flatten_parameters(self)
 
     @torch.jit.unused
     def _torch_layers(self, x: Tensor, batch_sizes: Tensor | None, hx: Tensor) -> tuple[Tensor, Tensor]:
