@@ -77,10 +77,23 @@ CELLS = {  # --cell: (torch module, ours, converter, record name)
 
 
 def models(hidden, dtype, cell="rnn", device="cuda"):
-    """torch's module (input = hidden, one layer) and ours converted from it."""
-    torch_name, ours_name, convert, _ = CELLS[cell]
+    """torch's module (input = hidden, one layer) and ours with its weights,
+    each built as a user builds one: created on the device in the dtype, the
+    weights copied into ours in place under no_grad, then flatten_parameters()
+    on both. On CUDA that makes each module's parameters one buffer in
+    cuDNN's layout, except nn's in bfloat16, which nn's flatten_parameters
+    leaves as they are: such an nn module compacts its weights on every
+    call, with cuDNN's "not part of single contiguous chunk" warning, as a
+    user's does (ours flattens bfloat16 too: torch_prnn/_crossover.py)."""
+    torch_name, ours_name, _, _ = CELLS[cell]
     ref = getattr(torch.nn, torch_name)(hidden, hidden, device=device, dtype=dtype)
-    ours = getattr(getattr(torch_prnn, ours_name), convert)(ref)
+    ours = getattr(torch_prnn, ours_name)(hidden, hidden, device=device, dtype=dtype)
+    with torch.no_grad():
+        for (name, mine), (ref_name, theirs) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
+            assert name == ref_name, (name, ref_name)
+            mine.copy_(theirs)
+    ref.flatten_parameters()
+    ours.flatten_parameters()
     return ref, ours
 
 

@@ -19,8 +19,10 @@ and "backward_tier" for fwdbwd). torch's settings stay at their defaults, as a
 user meets them (cuDNN may use TF32 for float32: torch.backends.cudnn.allow_tf32).
 
 Each figure is the median of timings after two warm-up calls: CUDA events on
-CUDA, perf_counter on the CPU (bench.py's median_ms); as many calls as make
-about 0.2 s of timed work, at least 3 and at most 200. Shapes whose training
+CUDA, perf_counter on the CPU (bench.py's time_ms); as many calls as make
+about 0.2 s of the slower module's timed work, at least 3 and at most 200,
+ours and torch's taking turns call by call (in alternating order), so that
+a change of the machine's pace during the measurement hits both alike. Shapes whose training
 step would not fit in memory are skipped. The shapes run level by level of a
 grid refined coarse to fine (the smallest shape, the corners, then the
 middles between), cheaper shapes first within a level, each shape for every
@@ -46,6 +48,7 @@ import itertools
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 
@@ -55,7 +58,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 # torch_prnn from this checkout when it is not installed (after the installed one on the path).
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch_prnn  # noqa: E402
-from bench import CELLS, DTYPES, initial_state, median_ms, models, rel_err, time_ms  # noqa: E402
+from bench import CELLS, DTYPES, initial_state, models, rel_err, time_ms  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 HIDDENS = (256, 512, 1024, 2048)
@@ -111,18 +114,32 @@ class Budget:
         self.rate[kind] = max(self.rate.get(kind, 0.0), work / seconds)
 
 
-def measure_ms(fn, device, budget, kind, work):
-    """Median time of fn() in ms after two warm-up calls, the second timed to
-    choose the number of calls; None when they would not fit in the budget."""
-    if not budget.fits((MIN_REPS + 2) * budget.guess(kind, work)):
+def measure_ms(fns, device, budget, kinds, work):
+    """{name: median time of fn() in ms} of fns ({name: fn}), after two
+    warm-up calls of each, the second timed to choose the number of calls;
+    the fns take turns call by call, in alternating order, so that the
+    host's and the GPU's changes of pace in a run (eager calls host-bound
+    by cuDNN's per-step launches moved +-40% between two back-to-back
+    medians of the same module on the H200: bench/NOTES.md step 45) hit
+    them alike. None when they would not fit in the budget."""
+    if not budget.fits((MIN_REPS + 2) * sum(budget.guess(kinds[name], work) for name in fns)):
         return None
-    fn()  # the first call: allocations, cuDNN's plan
-    once = max(time_ms(fn, device), 1e-3)  # a clock tick at least: it divides
-    budget.note(kind, work, once / 1000)
-    reps = max(MIN_REPS, min(MAX_REPS, int(1000 * TARGET_S / once)))
-    if not budget.fits(reps * once / 1000):
+    once = {}
+    for name, fn in fns.items():
+        fn()  # the first call: allocations, cuDNN's plan
+        once[name] = max(time_ms(fn, device), 1e-3)  # a clock tick at least: it divides
+        budget.note(kinds[name], work, once[name] / 1000)
+    reps = max(MIN_REPS, min(MAX_REPS, int(1000 * TARGET_S / max(once.values()))))
+    if not budget.fits(reps * sum(once.values()) / 1000):
         return None
-    return median_ms(fn, reps, warmup=0, device=device)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            times[name].append(time_ms(fns[name], device))
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def make_call(model, x, hx, leaf, grad_y, pass_name):
@@ -142,15 +159,15 @@ def make_call(model, x, hx, leaf, grad_y, pass_name):
 
 
 def time_calls(impls, x, hx, leaf, grad_y, passes, device, budget, kind, work):
-    """{(impl, pass): ms per call} of each module in impls ({impl: model}) on x;
-    a pass is left out unless every impl was measured."""
+    """{(impl, pass): ms per call} of each module in impls ({impl: model}) on x,
+    the modules taking turns (measure_ms); a pass is left out unless every
+    impl was measured."""
     times = {}
     for pass_name in passes:
-        row = {(impl, pass_name): measure_ms(make_call(model, x, hx, leaf, grad_y, pass_name), device, budget,
-                                             (impl, pass_name) + kind, work)
-               for impl, model in impls.items()}
-        if None not in row.values():
-            times.update(row)
+        fns = {impl: make_call(model, x, hx, leaf, grad_y, pass_name) for impl, model in impls.items()}
+        row = measure_ms(fns, device, budget, {impl: (impl, pass_name) + kind for impl in impls}, work)
+        if row is not None:
+            times.update({(impl, pass_name): ms for impl, ms in row.items()})
     return times
 
 
