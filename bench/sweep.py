@@ -120,7 +120,7 @@ def measure_ms(fns, device, budget, kinds, work):
     the fns take turns call by call, in alternating order, so that the
     host's and the GPU's changes of pace in a run (eager calls host-bound
     by cuDNN's per-step launches moved +-40% between two back-to-back
-    medians of the same module on the H200: bench/NOTES.md step 45) hit
+    medians of the same module on the H200: bench/NOTES.md step 46) hit
     them alike. None when they would not fit in the budget."""
     if not budget.fits((MIN_REPS + 2) * sum(budget.guess(kinds[name], work) for name in fns)):
         return None

@@ -76,8 +76,9 @@ def flatten_parameters(module) -> None:
     so that cuDNN would compact nn's bfloat16 weights into a new buffer on
     every call, with its "not part of single contiguous chunk of memory"
     warning: cuDNN runs bfloat16 RNNs, and that compaction is this same
-    flattening (H200: a handed-over bfloat16 forward at T = 64 took ~0.75 of
-    the time of one that compacts, bench/NOTES.md step 45)."""
+    flattening (H200: a bfloat16 cuDNN forward at T = 64 on flattened
+    weights took 0.72-0.78 of the time of one that compacts, bench/NOTES.md
+    step 46)."""
     nn.RNNBase.flatten_parameters(module)  # type: ignore[arg-type]
     weights = module._flat_weights
     if (
