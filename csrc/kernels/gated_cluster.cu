@@ -217,16 +217,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
         float mat[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-          float sum = 0.f;
+          const float *part = partial + warp * PPITCH + g * U + ul; /* the 8 warps' sums, as a tree */
+          float s4[4];
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += partial[(w * kSeqs + warp) * PPITCH + g * U + ul];
-          mat[g] = sum;
+          for (int w = 0; w < 4; ++w) s4[w] = part[w * kSeqs * PPITCH] + part[(w + 4) * kSeqs * PPITCH];
+          mat[g] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
         }
         const float own = from_bits<E>(prev[warp * SPITCH + u]); /* h_{t-1} of this unit */
         float out, carry;
         const size_t o = ((size_t)t * B + b) * H + u;
         h_bits = prev[warp * SPITCH + u]; /* past the length the state stays */
-        if (forward_unit<Cell, E, float>(p, t, b, u, in, mat, Cell::kCarriesCell ? cell : own, &out, &carry)) {
+        if (forward_unit<Cell, E, float, FastMath>(p, t, b, u, in, mat, Cell::kCarriesCell ? cell : own, &out, &carry)) {
           const E oe = Round<E>::to(out);
           y[o] = oe;
           h_bits = (unsigned short)bits16(oe);

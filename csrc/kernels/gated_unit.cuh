@@ -72,7 +72,7 @@ __device__ __forceinline__ void load_unit_inputs(const GatedParams &p, int t, in
  * gates and its loaded inputs. Writes its saved values (zero past the
  * length) and returns whether the step is active; then *out is the unit's
  * output and *carry what the cell carries (Cell::forward). */
-template <class Cell, typename E, typename A>
+template <class Cell, typename E, typename A, class Math = PreciseMath>
 __device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b, int u, const UnitInputs<Cell, A> &in,
                                              const A (&mat)[Cell::kGates], A prev, A *out, A *carry) {
   const int SV = Cell::kSaved, H = p.hidden;
@@ -86,7 +86,7 @@ __device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b,
   A hh[Cell::kGates], sv[SV];
 #pragma unroll
   for (int g = 0; g < Cell::kGates; ++g) hh[g] = mat[g] + in.bias[g];
-  *out = Cell::forward(in.xp, hh, prev, carry, sv);
+  *out = Cell::template forward<A, Math>(in.xp, hh, prev, carry, sv);
   if (saved != NULL)
 #pragma unroll
     for (int k = 0; k < SV; ++k) saved[srow + (size_t)k * H] = Round<E>::to(sv[k]);
