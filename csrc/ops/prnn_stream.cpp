@@ -69,6 +69,31 @@ StreamShape make_shape(const std::string& cell, const std::string& nonlinearity,
   return s;
 }
 
+// A CPU tensor with t's values (t itself on the CPU) that no CUDA kernel made:
+// while a stream is open a kernel launch may wait for its kernel to end (CUDA's
+// lazy loading waits for the device to be idle before a kernel's first
+// launch), so a GPU tensor is copied with plain memcpys - a contiguous one
+// whole, any other as the one storage span that holds its elements, viewed
+// with its strides on the CPU.
+at::Tensor host_copy(const at::Tensor& t) {
+  if (!t.device().is_cuda() || t.is_contiguous()) return t.to(at::kCPU);
+  if (t.numel() == 0) return at::empty(t.sizes(), t.options().device(at::kCPU));
+  int64_t span = 1;  // strides are >= 0
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  const at::Tensor piece = t.as_strided({span}, {1}, t.storage_offset()).to(at::kCPU);
+  return piece.as_strided(t.sizes(), t.strides(), 0);
+}
+
+// Writes the CPU tensor src into dst, a dense GPU tensor (its elements fill one
+// storage span, in any order) of src's shape and dtype, without a CUDA kernel:
+// laid out as dst's span on the host, then one memcpy.
+void write_dense(const at::Tensor& dst, const at::Tensor& src) {
+  const int64_t n = dst.numel();
+  const at::Tensor host = at::empty({n}, src.options());
+  host.as_strided(dst.sizes(), dst.strides(), 0).copy_(src);
+  dst.as_strided({n}, {1}, dst.storage_offset()).copy_(host);
+}
+
 // Kernels that did not end when their stream closed, with the memory they may
 // still write: kept for the life of the process (never freed, never counted
 // free).
@@ -187,7 +212,7 @@ class ResidentStream : public torch::CustomClassHolder {
                         t.scalar_type());
       check_device("Stream.set_state", names[i], t);
       // The state is carried at the element width (an LSTM's c at float32).
-      at::Tensor v = t.to(at::kCPU);
+      at::Tensor v = host_copy(t);
       if (i == 0) v = v.to(shape_.scalar_type);
       values.push_back(v.to(at::kFloat).contiguous());
     }
@@ -207,7 +232,7 @@ class ResidentStream : public torch::CustomClassHolder {
                       mask.defined() ? c10::toString(mask.scalar_type()) : "None", " ",
                       mask.defined() ? mask.sizes() : at::IntArrayRef{});
     check_device("Stream.reset", "mask", mask);
-    mask_view_.copy_(mask.to(at::kCPU).to(at::kByte));
+    mask_view_.copy_(host_copy(mask).to(at::kByte));
     command(PRNN_RESIDENT_RESET, "Stream.reset");
   }
 
@@ -315,16 +340,23 @@ class ResidentStream : public torch::CustomClassHolder {
       TORCH_CHECK_VALUE(out->scalar_type() == shape_.scalar_type, what, ": out must have the stream's dtype ",
                         shape_.scalar_type, ", got ", out->scalar_type());
       check_device(what, "out", *out);
+      // A strided copy on the GPU would be a kernel, which may wait for the stream's own (host_copy).
+      TORCH_CHECK_VALUE(!out->device().is_cuda() || out->is_non_overlapping_and_dense(), what,
+                        ": out on the GPU must be dense (its elements one block of memory, in any order), got strides ",
+                        out->strides());
     }
 
+    // Copies to the host; from the GPU on the current stream, waited for, and never by a kernel.
     if (x.device().is_cpu() && x.is_contiguous()) std::memcpy(buffers_.x, x.const_data_ptr(), x_bytes_);
-    else x_view_.copy_(x);  // a copy to the host (from the GPU: on the current stream, waited for)
+    else if (x.device().is_cuda() && x.is_contiguous()) x_view_.copy_(x);
+    else x_view_.copy_(host_copy(x));
     command(PRNN_RESIDENT_STEP, what);
 
     const at::Tensor y = unbatched ? y_view_[0] : y_view_;
     if (out != nullptr) {
       if (out->device().is_cpu() && out->is_contiguous()) std::memcpy(out->mutable_data_ptr(), buffers_.y, y_bytes_);
-      else out->copy_(y);
+      else if (out->device().is_cpu() || out->is_contiguous()) out->copy_(y);
+      else write_dense(*out, y);
       return *out;
     }
     if (x.device().is_cpu()) {
