@@ -626,7 +626,7 @@ def test_cuda_state_and_reset(cell):
         y_going = stream.step(x[4])
         stream.set_state(saved_cpu)
         assert stream.step(x[4].cuda(), out=out_t) is out_t  # on the GPU, into a strided out
-        out_cpu = out_t.cpu()
+    out_cpu = out_t.cpu()  # after the stream closed: a strided copy from the GPU is a kernel
     pairs = zip(saved, state_ref) if cell == "lstm" else [(saved, state_ref)]
     for got, want in pairs:
         assert got.device.type == "cuda" and rel_err(got, want) < 1e-5
@@ -645,7 +645,7 @@ def test_cuda_step_devices_and_out():
     x_gpu = x.cuda()  # copies to the GPU before the stream opens; no kernel
     x_strided = torch.stack([x[2], torch.zeros_like(x[2])], dim=-1).cuda()[..., 0]  # [1, 16], stride 2
     out = torch.empty(128, device="cuda")
-    not_dense = torch.empty(128, 2, device="cuda")[:, 0]
+    not_dense = torch.empty(1, 128, 2, device="cuda")[..., 0]  # [1, 128] with holes
     with torch_prnn.Stream(module) as stream:
         y0 = stream.step(x_gpu[0])  # on the GPU in, on the GPU out
         assert stream.step(x_gpu[1, 0], out=out) is out
@@ -693,9 +693,11 @@ def test_cuda_refresh():
 @pytest.mark.hang_guard(90)
 def test_cuda_other_work_runs_beside_an_open_stream():
     a = torch.randn(4096, 4096, device="cuda")
+    c = torch.empty_like(a)  # the GEMMs write into it: no allocation beside the stream either
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        ref = torch.mm(a, a)  # loaded and warmed up before any stream opens
+        torch.mm(a, a, out=c)  # loaded and warmed up before any stream opens
+        ref = c.clone()
     side.synchronize()
     for hidden in (256, 1024):  # a stream of a few SMs, and one of most of them
         module = cuda_module("rnn", hidden, hidden)
@@ -704,7 +706,7 @@ def test_cuda_other_work_runs_beside_an_open_stream():
             done = torch.cuda.Event()
             with torch.cuda.stream(side):
                 for _ in range(20):
-                    c = torch.mm(a, a)
+                    torch.mm(a, a, out=c)
                 done.record()
             deadline, steps = time.monotonic() + 30, 0
             while not done.query():
