@@ -276,6 +276,39 @@ def test_host_side_buffers():
     p.close()  # idempotent
 
 
+def _span(p):
+    """(first byte, end) of a port's buffers."""
+    pieces = [b for b in p.buffers() if b.numel()]
+    return min(b.data_ptr() for b in pieces), max(b.data_ptr() + b.numel() * b.element_size() for b in pieces)
+
+
+def test_host_side_buffers_come_from_a_pool():
+    """Streams' buffers are pieces of a few big allocations (a pinned one
+    each would be a cudaHostAlloc beside the open streams' kernels): open at
+    once they do not overlap, a closed one's piece comes back zeroed."""
+    ports = [port(cell="lstm", layers=3, batch=4, hidden=h) for h in (4, 300, 4, 1000)]
+    spans = sorted(_span(p) for p in ports)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+    for p in ports:
+        for b in p.buffers():
+            b.fill_(7)  # garbage for whoever gets the piece next
+    for p in ports[::2]:
+        p.close()
+    again = [port(cell="lstm", layers=3, batch=4, hidden=4) for _ in range(2)]
+    for p in again:
+        assert all(not b.any() for b in p.buffers())  # zeroed
+    spans = sorted(_span(p) for p in again + ports[1::2])
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+    for p in again + ports[1::2]:
+        p.close()
+    starts = set()
+    for _ in range(20):  # one shape opened and closed in turn reuses its piece
+        p = port(hidden=64)
+        starts.add(_span(p)[0])
+        p.close()
+    assert len(starts) == 1, starts
+
+
 def test_host_side_without_an_answer_times_out_and_breaks():
     p = port(timeout=0.05)
     start = time.monotonic()

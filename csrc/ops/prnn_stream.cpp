@@ -12,8 +12,11 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -92,6 +95,98 @@ void write_dense(const at::Tensor& dst, const at::Tensor& src) {
   const at::Tensor host = at::empty({n}, src.options());
   host.as_strided(dst.sizes(), dst.strides(), 0).copy_(src);
   dst.as_strided({n}, {1}, dst.storage_offset()).copy_(host);
+}
+
+// Host memory for the streams' buffers, cut from chunks that are never freed.
+// torch's pinned allocator makes one cudaHostAlloc for each block it has no
+// free one of (it does not split its blocks), so a stream opened beside open
+// ones would allocate page-locked memory while their kernels run - a call
+// CUDA lists among those that may synchronise, and freeing one (cudaFreeHost)
+// does. A chunk (kChunkBytes, or the request if larger) serves many streams:
+// the first stream pays its allocation, before any kernel of a stream runs.
+// Pieces are kPiece-aligned and zeroed when taken; a closed stream gives its
+// piece back (an abandoned one keeps it: its kernel may still write there).
+class HostPool {
+ public:
+  static constexpr size_t kChunkBytes = 4 << 20;
+
+  struct Piece {
+    at::Tensor bytes;  // a view of its chunk (which it keeps alive)
+    size_t chunk = 0, offset = 0, size = 0;
+  };
+
+  explicit HostPool(bool pinned) : pinned_(pinned) {}
+
+  Piece take(size_t bytes) {
+    bytes = (bytes + kPiece - 1) / kPiece * kPiece;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      for (auto it = chunks_[c].free.begin(); it != chunks_[c].free.end(); ++it) {
+        if (it->second < bytes) continue;
+        const size_t offset = it->first, left = it->second - bytes;
+        chunks_[c].free.erase(it);
+        if (left > 0) chunks_[c].free.emplace(offset + bytes, left);
+        return piece_of(c, offset, bytes);
+      }
+    }
+    const size_t size = std::max(kChunkBytes, bytes);
+    Chunk chunk;
+    chunk.storage = at::empty({(int64_t)(size + kPiece)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned_));
+    const uintptr_t base = reinterpret_cast<uintptr_t>(chunk.storage.data_ptr());
+    chunk.start = (kPiece - base % kPiece) % kPiece;
+    if (size > bytes) chunk.free.emplace(bytes, size - bytes);
+    chunks_.push_back(std::move(chunk));
+    return piece_of(chunks_.size() - 1, 0, bytes);
+  }
+
+  // Returns a piece taken from this pool; it merges with the free space beside it.
+  void give(const Piece& piece) {
+    if (piece.size == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::map<size_t, size_t>& free = chunks_[piece.chunk].free;
+    size_t offset = piece.offset, size = piece.size;
+    auto next = free.lower_bound(offset);
+    if (next != free.begin()) {
+      auto before = std::prev(next);
+      if (before->first + before->second == offset) {
+        offset = before->first;
+        size += before->second;
+        free.erase(before);
+      }
+    }
+    if (next != free.end() && offset + size == next->first) {
+      size += next->second;
+      free.erase(next);
+    }
+    free.emplace(offset, size);
+  }
+
+ private:
+  struct Chunk {
+    at::Tensor storage;
+    size_t start = 0;                  // the first kPiece-aligned byte
+    std::map<size_t, size_t> free;     // offset from start -> bytes
+  };
+
+  Piece piece_of(size_t c, size_t offset, size_t bytes) {
+    Piece p;
+    p.bytes = chunks_[c].storage.narrow(0, (int64_t)(chunks_[c].start + offset), (int64_t)bytes);
+    std::memset(p.bytes.data_ptr(), 0, bytes);
+    p.chunk = c;
+    p.offset = offset;
+    p.size = bytes;
+    return p;
+  }
+
+  const bool pinned_;
+  std::mutex mutex_;
+  std::vector<Chunk> chunks_;
+};
+
+// Never destroyed: a stream may close as the process exits, after static destructors.
+HostPool& host_pool(bool pinned) {
+  static HostPool* pools[2] = {new HostPool(false), new HostPool(true)};
+  return *pools[pinned ? 1 : 0];
 }
 
 // Kernels that did not end when their stream closed, with the memory they may
@@ -274,11 +369,12 @@ class ResidentStream : public torch::CustomClassHolder {
     const size_t sizes[] = {piece(sizeof(prnn_resident_mailbox_t)), piece(B * I * elem), piece(B * H * elem),
                             piece(L * B * H * sizeof(float)), lstm ? piece(L * B * H * sizeof(float)) : 0,
                             piece(B)};
-    size_t total = kPiece;  // room to align the first piece
+    size_t total = 0;
     for (size_t n : sizes) total += n;
-    at::Tensor storage = at::zeros({(int64_t)total}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
-    const uintptr_t base = reinterpret_cast<uintptr_t>(storage.data_ptr());
-    size_t at_byte = (kPiece - base % kPiece) % kPiece;
+    piece_ = host_pool(pinned).take(total);  // zeroed, kPiece-aligned
+    pinned_ = pinned;
+    const at::Tensor storage = piece_.bytes;
+    size_t at_byte = 0;
     // A piece as a tensor view of `storage` (so it keeps the storage alive).
     auto view = [&](size_t i, at::ScalarType type, at::IntArrayRef shape) {
       const int64_t n = c10::multiply_integers(shape);
@@ -405,6 +501,7 @@ class ResidentStream : public torch::CustomClassHolder {
   void close_locked() {
     if (state_ == State::kClosed) return;
     const bool answering = kernel_ != nullptr || prnn_resident_is_ready(buffers_.mailbox);
+    const bool had_kernel = kernel_ != nullptr;
     state_ = State::kClosed;
     std::string why;
     if (answering) answered(prnn_resident_post(buffers_.mailbox, PRNN_RESIDENT_STOP), timeout_s_, &why);
@@ -414,18 +511,23 @@ class ResidentStream : public torch::CustomClassHolder {
         std::lock_guard<std::mutex> lock(*g_abandoned_mutex);
         g_abandoned->push_back(Abandoned{std::move(kernel_), buffers_.storage});
       }
-      release();
+      release(false);
       TORCH_CHECK(false, "Stream.close: the resident kernel did not end within ", timeout_s_, " s",
                   why.empty() ? "" : " (" + why + ")", "; its ", ctas,
                   " SMs and its memory stay held until the process exits");
     }
     kernel_.reset();
-    release();
+    // A kernel that ended writes there no more; whoever answers without one (a test's thread) and did not
+    // answer the STOP may still.
+    release(had_kernel || !answering || why.empty());
   }
 
-  void release() {
+  // Drops the views of the buffers; gives their piece back to the pool unless its memory stays held.
+  void release(bool give_back) {
     mailbox_view_ = x_view_ = y_view_ = h_view_ = c_view_ = mask_view_ = at::Tensor();
     buffers_ = StreamBuffers{};
+    if (give_back) host_pool(pinned_).give(piece_);
+    piece_ = HostPool::Piece{};
   }
 
   const StreamShape shape_;
@@ -437,6 +539,8 @@ class ResidentStream : public torch::CustomClassHolder {
   StreamBuffers buffers_{};
   at::Tensor mailbox_view_, x_view_, y_view_, h_view_, c_view_, mask_view_;
   size_t x_bytes_ = 0, y_bytes_ = 0;
+  HostPool::Piece piece_;                    // the buffers' memory, from host_pool(pinned_)
+  bool pinned_ = false;
   std::unique_ptr<ResidentKernel> kernel_;
 };
 
