@@ -3,7 +3,7 @@ nn.RNN replayed in a CUDA graph one step at a time, and PersistentRNN eager
 called once per step, in one process on one GPU; writes
 bench/results/<device>.stream.json and a plot beside it.
 
-    python bench/stream_bench.py [--quick] [--cell rnn|lstm|gru] [--steps N] [--out DIR]
+    python bench/stream_bench.py [--quick] [--cell rnn|lstm|gru] [--steps N] [--out DIR] [--progress]
     python bench/stream_bench.py --host      # the host side of step() alone, no GPU needed
 
 Each figure is the distribution (p50, p99) of the wall time of single calls,
@@ -16,7 +16,9 @@ host to host, after a warm-up:
   cudnn_graph  one step of nn.RNN captured in a CUDA graph (state carried in
                the graph), replay then sync.
 The baselines run before a stream opens: device-wide synchronisation would
-wait for an open stream's kernel. Each record:
+wait for an open stream's kernel, and so would the first launch of any
+kernel while one is open (CUDA's lazy loading): with a stream open, only
+CPU tensors go in and out. Each record:
 {"impl", "cell", "dtype", "batch", "hidden", "p50_us", "p99_us", "device",
  "torch", "cuda", "date"} (input size = hidden size, one layer).
 """
@@ -24,12 +26,15 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
 
 import torch
 
 import torch_prnn
 
+START = time.monotonic()
+PROGRESS = False
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CELLS = {"rnn": (torch.nn.RNN, "rnn_tanh"), "lstm": (torch.nn.LSTM, "lstm"), "gru": (torch.nn.GRU, "gru")}
 
@@ -99,19 +104,36 @@ def baselines(cell, dtype, batch, hidden, steps, warmup):
 
 
 def stream_calls(rnn, dtype, batch, hidden, steps, warmup):
-    """(step(x) times, step(x, out=) times, relative error of 16 steps against the module)."""
+    """(step(x) times, step(x, out=) times, relative error of 16 steps against the module).
+
+    Nothing here launches a CUDA kernel or waits for the device while the
+    stream is open: under CUDA's lazy loading (the default) the first launch
+    of a kernel not yet used in the process waits for the GPU to be idle,
+    which it never is while the stream's kernel runs - the reference is on
+    the CPU before the stream opens, and only CPU tensors go in and out."""
     xs = [torch.randn(batch, hidden, dtype=dtype) for _ in range(16)]
     with torch.no_grad():
         y_ref, _ = rnn(torch.stack(xs).cuda())
+    y_ref = y_ref.cpu().double()  # before the stream opens: .double() on the GPU may be a first launch
+    progress("open the stream")
     with torch_prnn.Stream(rnn, batch=batch) as stream:
+        progress("16 steps against the module")
         ys = torch.stack([stream.step(x) for x in xs])
         stream.reset()
-        err = ((ys.double() - y_ref.double().cpu()).norm() / y_ref.double().norm()).item()
         x, out = xs[0], torch.empty(batch, hidden, dtype=dtype)
+        progress(f"time {steps} steps, twice")
         fresh = time_calls(lambda: stream.step(x), steps, warmup)
         into = time_calls(lambda: stream.step(x, out=out), steps, warmup)
         sms = stream.sms
+    progress("closed")
+    err = ((ys.double() - y_ref).norm() / y_ref.norm()).item()
     return fresh, into, err, sms
+
+
+def progress(what):
+    """A phase of the run on stderr at once (--progress), so that a run stopped by a time limit says where."""
+    if PROGRESS:
+        print(f"[stream_bench {time.monotonic() - START:7.2f} s] {what}", file=sys.stderr, flush=True)
 
 
 class HostOnly(torch_prnn.Stream):
@@ -155,7 +177,11 @@ def host_overhead(steps=20000):
 
 
 def plot(records, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no plot ({path}): matplotlib is not installed")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -189,7 +215,10 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="timed calls per figure (default 5000, --quick 1000)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--host", action="store_true", help="only the host side of step(), on the CPU")
+    ap.add_argument("--progress", action="store_true", help="each phase on stderr as it starts")
     args = ap.parse_args()
+    global PROGRESS
+    PROGRESS = args.progress
     if args.host:
         host_overhead()
         return
@@ -207,6 +236,7 @@ def main():
     for dtype_name, dtype in DTYPES.items():
         for batch in batches:
             for hidden in hiddens:
+                progress(f"{dtype_name} B={batch} H={hidden}: baselines (no stream open)")
                 rnn, times = baselines(args.cell, dtype, batch, hidden, steps, warmup)
                 try:
                     fresh, into, err, sms = stream_calls(rnn, dtype, batch, hidden, steps, warmup)

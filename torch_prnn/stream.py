@@ -65,7 +65,14 @@ class Stream:
     the stream closes: ``torch.cuda.synchronize()``,
     ``torch.cuda.empty_cache()`` (and anything else that calls
     ``cudaDeviceSynchronize`` or ``cudaFree``) block until then - synchronise
-    streams or events instead. Closing (:meth:`close`, leaving a ``with``
+    streams or events instead. So does the first launch of any kernel in the
+    process under CUDA's lazy loading (``CUDA_MODULE_LOADING=LAZY``, the
+    default), which waits for the device to be idle: a kernel that has not run
+    yet in the process (a torch op on a new dtype or shape, a module's first
+    forward) hangs beside an open stream. Run what will run beside a stream
+    once before opening it, or set ``CUDA_MODULE_LOADING=EAGER`` before CUDA
+    initialises. The stream itself launches nothing while it is open: GPU
+    tensors in and out of its methods move by plain copies. Closing (:meth:`close`, leaving a ``with``
     block, garbage collection or interpreter exit) ends the kernel. Inference
     only: no autograd.
     """
@@ -130,8 +137,9 @@ class Stream:
         ``[input_size]`` for a batch of one), of the module's dtype, on the
         CPU or the stream's GPU. Returns the top layer's ``h_t``
         ``[batch, hidden_size]`` (or ``[hidden_size]``) on ``x``'s device, or
-        writes it into ``out`` and returns ``out``. Contiguous CPU tensors are
-        the fastest path (``out=`` saves the allocation)."""
+        writes it into ``out`` and returns ``out`` (on the GPU ``out`` must be
+        dense: a strided write there would take a kernel). Contiguous CPU
+        tensors are the fastest path (``out=`` saves the allocation)."""
         try:
             if x.__class__ is Tensor and x.is_cpu and x.dtype is self._dtype and x.is_contiguous():
                 proto = self._y_protos.get(x.shape)

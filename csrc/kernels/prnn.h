@@ -380,7 +380,8 @@ typedef enum prnn_resident_command {
 typedef struct prnn_resident_mailbox {
   /* written by the host */
   uint32_t request;          /* sequence number of the latest command (0: none yet) */
-  uint32_t command;          /* that command (prnn_resident_command_t), written before request */
+  uint32_t command;          /* that command (prnn_resident_command_t), written before request;
+                                the kernel reads the two words in one 8-byte load */
   uint32_t posted;           /* host-only: the last sequence number posted */
   uint32_t host_pad[29];
   /* written by the kernel */

@@ -31,6 +31,7 @@
  * No watchdog: a stream may idle for hours between commands. The host waits
  * with a timeout instead, and a STOP ends the kernel.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "cells.cuh"
@@ -81,8 +82,9 @@ struct GatedCell {
 /* Device words of the launch, each group on its own 128-byte line (zeroed
  * before the launch). */
 struct Control {
-  unsigned go;        /* sequence number of the command CTA 0 relays */
-  unsigned command;   /* that command, written before go */
+  /* The command CTA 0 relays: its sequence number (low half) and kind (high
+   * half), one word, so that a CTA reads both in one load. */
+  unsigned long long go_command;
   unsigned pad0[30];
   unsigned arrivals;  /* every CTA adds 1 per phase: phase p is complete at p * grid */
   unsigned pad1[31];
@@ -156,16 +158,19 @@ __device__ __forceinline__ int input_part(const ResidentParams &p, int l) { retu
 
 /* Host-mapped memory: every access at system scope, so it reaches the host's
  * memory (no stale or withheld cached copy). */
-__device__ __forceinline__ unsigned host_load_acquire(const uint32_t *p) {
-  unsigned v;
-  asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+
+/* The mailbox's request and command words (adjacent, 8-byte aligned) in one
+ * load: the sequence number in the low half, the command in the high half
+ * (both ends are little-endian). The host writes the command before the
+ * request (release), so a load that sees the new number sees its command. */
+__device__ __forceinline__ unsigned long long host_load_request(const prnn_resident_mailbox_t *m) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(&m->request) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned host_load_u32(const uint32_t *p) {
-  unsigned v;
-  asm volatile("ld.relaxed.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+static_assert(offsetof(prnn_resident_mailbox_t, request) % 8 == 0 &&
+                  offsetof(prnn_resident_mailbox_t, command) == offsetof(prnn_resident_mailbox_t, request) + 4,
+              "the kernel reads the mailbox's request and command in one 8-byte load");
 __device__ __forceinline__ unsigned host_load_u8(const uint8_t *p) {
   unsigned short v;
   asm volatile("ld.relaxed.sys.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
@@ -200,16 +205,21 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned load_relaxed(const unsigned *p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void store_release(unsigned *p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void store_release(unsigned long long *p, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ void store_relaxed(unsigned *p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+/* Adds v at GPU scope, releasing what this thread's CTA wrote before (a
+ * barrier orders the CTA's writes before it) and acquiring what the CTAs
+ * that added before released. */
+__device__ __forceinline__ unsigned atomic_add_acq_rel(unsigned *p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 /* x rounded to the element type, as a float. */
@@ -219,12 +229,12 @@ template <typename E> __device__ __forceinline__ float rounded(float x) { return
 
 /* Every CTA arrives once a phase; true (in every thread) in the CTA that
  * completed `phase`. Writes before it are visible at GPU scope to whoever
- * waits for the phase. */
+ * waits for the phase, and to the CTA that completed it (acq_rel: no
+ * separate fence, which was a sequentially consistent one). */
 __device__ bool arrive(const ResidentParams &p, unsigned phase, unsigned *s_last) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned before = atomicAdd(&p.control->arrivals, 1u);
+    const unsigned before = atomic_add_acq_rel(&p.control->arrivals, 1u);
     *s_last = before + 1u == phase * gridDim.x;  /* unsigned: the counter may wrap */
   }
   __syncthreads();
@@ -494,28 +504,25 @@ template <typename E>
 __device__ unsigned next_command(const ResidentParams &p, unsigned seen, unsigned *s_seq, unsigned *s_command) {
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) {
-      unsigned seq;
+      unsigned long long word; /* one load over the bus a poll: the number and the command together */
       do {
-        seq = host_load_acquire(&p.mailbox->request);
-      } while (seq == seen);
-      *s_seq = seq;
-      *s_command = host_load_u32(&p.mailbox->command);
+        word = host_load_request(p.mailbox);
+      } while ((unsigned)word == seen);
+      *s_seq = (unsigned)word;
+      *s_command = (unsigned)(word >> 32);
     }
     __syncthreads();
     if (*s_command == PRNN_RESIDENT_STEP) relay_input(p, (size_t)p.batch * p.input * sizeof(E));
     __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence(); /* the relayed x_t before the command */
-      store_relaxed(&p.control->command, *s_command);
-      store_release(&p.control->go, *s_seq);
-    }
+    if (threadIdx.x == 0) /* release: the relayed x_t (ordered before by the barrier) before the command */
+      store_release(&p.control->go_command, (unsigned long long)*s_command << 32 | *s_seq);
   } else if (threadIdx.x == 0) {
-    unsigned seq;
+    unsigned long long word;
     do {
-      seq = load_acquire(&p.control->go);
-    } while (seq == seen);
-    *s_seq = seq;
-    *s_command = load_relaxed(&p.control->command);
+      word = load_acquire(&p.control->go_command);
+    } while ((unsigned)word == seen);
+    *s_seq = (unsigned)word;
+    *s_command = (unsigned)(word >> 32);
   }
   __syncthreads();
   return *s_command;
@@ -549,10 +556,8 @@ __global__ void __launch_bounds__(kThreads, 1) resident_kernel(const ResidentPar
   }
 
   unsigned phase = 1;
-  if (arrive(p, phase, s_last) && threadIdx.x == 0) { /* every CTA holds its rows */
-    __threadfence_system();
+  if (arrive(p, phase, s_last) && threadIdx.x == 0) /* every CTA holds its rows (acquired by arrive) */
     host_store_release(&p.mailbox->ready, 1u);
-  }
 
   unsigned seen = 0;
   int parity = 0;
@@ -569,10 +574,9 @@ __global__ void __launch_bounds__(kThreads, 1) resident_kernel(const ResidentPar
       changed = command != PRNN_RESIDENT_GET_STATE;
     }
     if (wrote_host) __threadfence_system(); /* this thread's host writes before the answer */
-    if (arrive(p, ++phase, s_last) && threadIdx.x == 0) {
-      __threadfence_system();
-      host_store_release(&p.mailbox->response, seen);
-    }
+    /* The last CTA to arrive acquired every CTA's writes; its release store
+     * passes them on to the host with the answer. */
+    if (arrive(p, ++phase, s_last) && threadIdx.x == 0) host_store_release(&p.mailbox->response, seen);
     if (command == PRNN_RESIDENT_STOP) return;
     if (changed) {
       parity ^= 1;

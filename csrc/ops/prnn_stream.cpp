@@ -12,8 +12,11 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -67,6 +70,123 @@ StreamShape make_shape(const std::string& cell, const std::string& nonlinearity,
   s.input = input;
   s.hidden = hidden;
   return s;
+}
+
+// A CPU tensor with t's values (t itself on the CPU) that no CUDA kernel made:
+// while a stream is open a kernel launch may wait for its kernel to end (CUDA's
+// lazy loading waits for the device to be idle before a kernel's first
+// launch), so a GPU tensor is copied with plain memcpys - a contiguous one
+// whole, any other as the one storage span that holds its elements, viewed
+// with its strides on the CPU.
+at::Tensor host_copy(const at::Tensor& t) {
+  if (!t.device().is_cuda() || t.is_contiguous()) return t.to(at::kCPU);
+  if (t.numel() == 0) return at::empty(t.sizes(), t.options().device(at::kCPU));
+  int64_t span = 1;  // strides are >= 0
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  const at::Tensor piece = t.as_strided({span}, {1}, t.storage_offset()).to(at::kCPU);
+  return piece.as_strided(t.sizes(), t.strides(), 0);
+}
+
+// Writes the CPU tensor src into dst, a dense GPU tensor (its elements fill one
+// storage span, in any order) of src's shape and dtype, without a CUDA kernel:
+// laid out as dst's span on the host, then one memcpy.
+void write_dense(const at::Tensor& dst, const at::Tensor& src) {
+  const int64_t n = dst.numel();
+  const at::Tensor host = at::empty({n}, src.options());
+  host.as_strided(dst.sizes(), dst.strides(), 0).copy_(src);
+  dst.as_strided({n}, {1}, dst.storage_offset()).copy_(host);
+}
+
+// Host memory for the streams' buffers, cut from chunks that are never freed.
+// torch's pinned allocator makes one cudaHostAlloc for each block it has no
+// free one of (it does not split its blocks), so a stream opened beside open
+// ones would allocate page-locked memory while their kernels run - a call
+// CUDA lists among those that may synchronise, and freeing one (cudaFreeHost)
+// does. A chunk (kChunkBytes, or the request if larger) serves many streams:
+// the first stream pays its allocation, before any kernel of a stream runs.
+// Pieces are kPiece-aligned and zeroed when taken; a closed stream gives its
+// piece back (an abandoned one keeps it: its kernel may still write there).
+class HostPool {
+ public:
+  static constexpr size_t kChunkBytes = 4 << 20;
+
+  struct Piece {
+    at::Tensor bytes;  // a view of its chunk (which it keeps alive)
+    size_t chunk = 0, offset = 0, size = 0;
+  };
+
+  explicit HostPool(bool pinned) : pinned_(pinned) {}
+
+  Piece take(size_t bytes) {
+    bytes = (bytes + kPiece - 1) / kPiece * kPiece;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      for (auto it = chunks_[c].free.begin(); it != chunks_[c].free.end(); ++it) {
+        if (it->second < bytes) continue;
+        const size_t offset = it->first, left = it->second - bytes;
+        chunks_[c].free.erase(it);
+        if (left > 0) chunks_[c].free.emplace(offset + bytes, left);
+        return piece_of(c, offset, bytes);
+      }
+    }
+    const size_t size = std::max(kChunkBytes, bytes);
+    Chunk chunk;
+    chunk.storage = at::empty({(int64_t)(size + kPiece)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned_));
+    const uintptr_t base = reinterpret_cast<uintptr_t>(chunk.storage.data_ptr());
+    chunk.start = (kPiece - base % kPiece) % kPiece;
+    if (size > bytes) chunk.free.emplace(bytes, size - bytes);
+    chunks_.push_back(std::move(chunk));
+    return piece_of(chunks_.size() - 1, 0, bytes);
+  }
+
+  // Returns a piece taken from this pool; it merges with the free space beside it.
+  void give(const Piece& piece) {
+    if (piece.size == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::map<size_t, size_t>& free = chunks_[piece.chunk].free;
+    size_t offset = piece.offset, size = piece.size;
+    auto next = free.lower_bound(offset);
+    if (next != free.begin()) {
+      auto before = std::prev(next);
+      if (before->first + before->second == offset) {
+        offset = before->first;
+        size += before->second;
+        free.erase(before);
+      }
+    }
+    if (next != free.end() && offset + size == next->first) {
+      size += next->second;
+      free.erase(next);
+    }
+    free.emplace(offset, size);
+  }
+
+ private:
+  struct Chunk {
+    at::Tensor storage;
+    size_t start = 0;                  // the first kPiece-aligned byte
+    std::map<size_t, size_t> free;     // offset from start -> bytes
+  };
+
+  Piece piece_of(size_t c, size_t offset, size_t bytes) {
+    Piece p;
+    p.bytes = chunks_[c].storage.narrow(0, (int64_t)(chunks_[c].start + offset), (int64_t)bytes);
+    std::memset(p.bytes.data_ptr(), 0, bytes);
+    p.chunk = c;
+    p.offset = offset;
+    p.size = bytes;
+    return p;
+  }
+
+  const bool pinned_;
+  std::mutex mutex_;
+  std::vector<Chunk> chunks_;
+};
+
+// Never destroyed: a stream may close as the process exits, after static destructors.
+HostPool& host_pool(bool pinned) {
+  static HostPool* pools[2] = {new HostPool(false), new HostPool(true)};
+  return *pools[pinned ? 1 : 0];
 }
 
 // Kernels that did not end when their stream closed, with the memory they may
@@ -187,7 +307,7 @@ class ResidentStream : public torch::CustomClassHolder {
                         t.scalar_type());
       check_device("Stream.set_state", names[i], t);
       // The state is carried at the element width (an LSTM's c at float32).
-      at::Tensor v = t.to(at::kCPU);
+      at::Tensor v = host_copy(t);
       if (i == 0) v = v.to(shape_.scalar_type);
       values.push_back(v.to(at::kFloat).contiguous());
     }
@@ -207,7 +327,7 @@ class ResidentStream : public torch::CustomClassHolder {
                       mask.defined() ? c10::toString(mask.scalar_type()) : "None", " ",
                       mask.defined() ? mask.sizes() : at::IntArrayRef{});
     check_device("Stream.reset", "mask", mask);
-    mask_view_.copy_(mask.to(at::kCPU).to(at::kByte));
+    mask_view_.copy_(host_copy(mask).to(at::kByte));
     command(PRNN_RESIDENT_RESET, "Stream.reset");
   }
 
@@ -249,11 +369,12 @@ class ResidentStream : public torch::CustomClassHolder {
     const size_t sizes[] = {piece(sizeof(prnn_resident_mailbox_t)), piece(B * I * elem), piece(B * H * elem),
                             piece(L * B * H * sizeof(float)), lstm ? piece(L * B * H * sizeof(float)) : 0,
                             piece(B)};
-    size_t total = kPiece;  // room to align the first piece
+    size_t total = 0;
     for (size_t n : sizes) total += n;
-    at::Tensor storage = at::zeros({(int64_t)total}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
-    const uintptr_t base = reinterpret_cast<uintptr_t>(storage.data_ptr());
-    size_t at_byte = (kPiece - base % kPiece) % kPiece;
+    piece_ = host_pool(pinned).take(total);  // zeroed, kPiece-aligned
+    pinned_ = pinned;
+    const at::Tensor storage = piece_.bytes;
+    size_t at_byte = 0;
     // A piece as a tensor view of `storage` (so it keeps the storage alive).
     auto view = [&](size_t i, at::ScalarType type, at::IntArrayRef shape) {
       const int64_t n = c10::multiply_integers(shape);
@@ -315,16 +436,23 @@ class ResidentStream : public torch::CustomClassHolder {
       TORCH_CHECK_VALUE(out->scalar_type() == shape_.scalar_type, what, ": out must have the stream's dtype ",
                         shape_.scalar_type, ", got ", out->scalar_type());
       check_device(what, "out", *out);
+      // A strided copy on the GPU would be a kernel, which may wait for the stream's own (host_copy).
+      TORCH_CHECK_VALUE(!out->device().is_cuda() || out->is_non_overlapping_and_dense(), what,
+                        ": out on the GPU must be dense (its elements one block of memory, in any order), got strides ",
+                        out->strides());
     }
 
+    // Copies to the host; from the GPU on the current stream, waited for, and never by a kernel.
     if (x.device().is_cpu() && x.is_contiguous()) std::memcpy(buffers_.x, x.const_data_ptr(), x_bytes_);
-    else x_view_.copy_(x);  // a copy to the host (from the GPU: on the current stream, waited for)
+    else if (x.device().is_cuda() && x.is_contiguous()) x_view_.copy_(x);
+    else x_view_.copy_(host_copy(x));
     command(PRNN_RESIDENT_STEP, what);
 
     const at::Tensor y = unbatched ? y_view_[0] : y_view_;
     if (out != nullptr) {
       if (out->device().is_cpu() && out->is_contiguous()) std::memcpy(out->mutable_data_ptr(), buffers_.y, y_bytes_);
-      else out->copy_(y);
+      else if (out->device().is_cpu() || out->is_contiguous()) out->copy_(y);
+      else write_dense(*out, y);
       return *out;
     }
     if (x.device().is_cpu()) {
@@ -373,6 +501,7 @@ class ResidentStream : public torch::CustomClassHolder {
   void close_locked() {
     if (state_ == State::kClosed) return;
     const bool answering = kernel_ != nullptr || prnn_resident_is_ready(buffers_.mailbox);
+    const bool had_kernel = kernel_ != nullptr;
     state_ = State::kClosed;
     std::string why;
     if (answering) answered(prnn_resident_post(buffers_.mailbox, PRNN_RESIDENT_STOP), timeout_s_, &why);
@@ -382,18 +511,23 @@ class ResidentStream : public torch::CustomClassHolder {
         std::lock_guard<std::mutex> lock(*g_abandoned_mutex);
         g_abandoned->push_back(Abandoned{std::move(kernel_), buffers_.storage});
       }
-      release();
+      release(false);
       TORCH_CHECK(false, "Stream.close: the resident kernel did not end within ", timeout_s_, " s",
                   why.empty() ? "" : " (" + why + ")", "; its ", ctas,
                   " SMs and its memory stay held until the process exits");
     }
     kernel_.reset();
-    release();
+    // A kernel that ended writes there no more; whoever answers without one (a test's thread) and did not
+    // answer the STOP may still.
+    release(had_kernel || !answering || why.empty());
   }
 
-  void release() {
+  // Drops the views of the buffers; gives their piece back to the pool unless its memory stays held.
+  void release(bool give_back) {
     mailbox_view_ = x_view_ = y_view_ = h_view_ = c_view_ = mask_view_ = at::Tensor();
     buffers_ = StreamBuffers{};
+    if (give_back) host_pool(pinned_).give(piece_);
+    piece_ = HostPool::Piece{};
   }
 
   const StreamShape shape_;
@@ -405,6 +539,8 @@ class ResidentStream : public torch::CustomClassHolder {
   StreamBuffers buffers_{};
   at::Tensor mailbox_view_, x_view_, y_view_, h_view_, c_view_, mask_view_;
   size_t x_bytes_ = 0, y_bytes_ = 0;
+  HostPool::Piece piece_;                    // the buffers' memory, from host_pool(pinned_)
+  bool pinned_ = false;
   std::unique_ptr<ResidentKernel> kernel_;
 };
 

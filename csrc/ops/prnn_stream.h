@@ -29,10 +29,10 @@ struct StreamShape {
 };
 
 // The memory both ends of a stream read and write (prnn.h's resident args):
-// one allocation, pinned (host-mapped) for a kernel to reach it, cut into
-// 128-byte-aligned pieces.
+// one piece of a pinned (host-mapped) allocation for a kernel to reach it,
+// cut into 128-byte-aligned pieces.
 struct StreamBuffers {
-  at::Tensor storage;                  // bytes on the CPU, the pieces below point into it
+  at::Tensor storage;                  // bytes on the CPU (a view of the allocation), the pieces below point into it
   prnn_resident_mailbox_t* mailbox;
   void* x;                             // batch x input, the stream's dtype
   void* y;                             // batch x hidden, the stream's dtype

@@ -133,8 +133,8 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
     }
   }
 
-  // The host-mapped buffers at the addresses the device uses.
-  const char* host_base = static_cast<const char*>(buffers.storage.const_data_ptr());
+  // The host-mapped buffers at the addresses the device uses (from the base of the allocation they are cut from).
+  const char* host_base = static_cast<const char*>(buffers.storage.storage().data());
   void* device_base = nullptr;
   cuda_check(cudaHostGetDevicePointer(&device_base, const_cast<char*>(host_base), 0),
              "cudaHostGetDevicePointer (the stream's pinned buffers must be host-mapped)");
