@@ -71,7 +71,10 @@ class Stream:
     yet in the process (a torch op on a new dtype or shape, a module's first
     forward) hangs beside an open stream. Run what will run beside a stream
     once before opening it, or set ``CUDA_MODULE_LOADING=EAGER`` before CUDA
-    initialises. The stream itself launches nothing while it is open: GPU
+    initialises. torch_prnn's own modules are not among what runs beside a
+    stream: a warmed-up PersistentRNN forward on another CUDA stream did not
+    finish on an H200 while a stream was open (not understood yet); close the
+    stream first. The stream itself launches nothing while it is open: GPU
     tensors in and out of its methods move by plain copies. Closing (:meth:`close`, leaving a ``with``
     block, garbage collection or interpreter exit) ends the kernel. Inference
     only: no autograd.
