@@ -53,8 +53,9 @@ def cuobjdump():
 def sass_of(kernels_dir, source, outdir):
     """{(arch, function): [SASS lines]} of one .cu file."""
     obj = os.path.join(outdir, os.path.basename(source) + ".o")
-    subprocess.run(["nvcc", *FLAGS, "-I", kernels_dir, "-c", source, "-o", obj], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    nvcc = subprocess.run(["nvcc", *FLAGS, "-I", kernels_dir, "-c", source, "-o", obj], capture_output=True, text=True)
+    if nvcc.returncode != 0:
+        sys.exit(f"sass_diff: nvcc failed on {source}:\n{nvcc.stderr}")
     tool = cuobjdump()  # it runs nvdisasm, installed beside it
     env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
     dump = subprocess.run([tool, "-sass", obj], check=True, capture_output=True, text=True, env=env).stdout

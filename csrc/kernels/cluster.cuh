@@ -43,9 +43,11 @@
 #ifndef PRNN_CLUSTER_CUH
 #define PRNN_CLUSTER_CUH
 
+#include "convert.cuh"
+#include "exchange.cuh"
 #include "mma.cuh"
-#include "persistent.cuh"
 #include "projection.cuh"
+#include "rnn_math.cuh"
 
 namespace prnn {
 

@@ -5,10 +5,10 @@
 
 namespace prnn {
 
-extern const ClusterFfmaConfig cluster_grid_configs[] = {
-    {PRNN_DTYPE_FLOAT32, 16, kGridWarpRows, 4, (const void *)cluster_grid_kernel<float, 16, 4>},
-    {PRNN_DTYPE_BFLOAT16, 16, kGridWarpRows, 4, (const void *)cluster_grid_kernel<__nv_bfloat16, 16, 4>},
-    {PRNN_DTYPE_FLOAT16, 16, kGridWarpRows, 4, (const void *)cluster_grid_kernel<__half, 16, 4>},
+extern const ClusterGridConfig cluster_grid_configs[] = {
+    {PRNN_DTYPE_FLOAT32, 16, 4, (const void *)cluster_grid_kernel<float, 16, 4>},
+    {PRNN_DTYPE_BFLOAT16, 16, 4, (const void *)cluster_grid_kernel<__nv_bfloat16, 16, 4>},
+    {PRNN_DTYPE_FLOAT16, 16, 4, (const void *)cluster_grid_kernel<__half, 16, 4>},
 };
 static_assert(sizeof(cluster_grid_configs) / sizeof(cluster_grid_configs[0]) == cluster_grid_config_count,
               "cluster_grid_config_count must match the table");

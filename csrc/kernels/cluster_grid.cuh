@@ -52,7 +52,11 @@
 #ifndef PRNN_CLUSTER_GRID_CUH
 #define PRNN_CLUSTER_GRID_CUH
 
-#include "cluster_ffma.cuh"
+#include "cluster.cuh" /* the cluster helpers: rank, barrier, mapa, mbarrier, launch configs */
+#include "exchange.cuh"
+#include "ffma.cuh"
+#include "rnn_math.cuh"
+#include "warp_reduce.cuh"
 
 namespace prnn {
 
@@ -339,11 +343,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
 #endif
 }
 
-/* The compiled kernels (cluster_grid.cu): K extent 2048, by dtype, 4 of a
+/* A compiled kernel (cluster_grid.cu): K extent 2048, by dtype, 4 of a
  * warp's 5 rows in registers (all 5 spill at 16 bits: the compiler hoists
  * the widened rows out of the step loop). */
+struct ClusterGridConfig {
+  prnn_dtype_t dtype;
+  int k_chunks;       /* KC: K extent 128 KC */
+  int reg_rows;       /* RREG of a warp's 5 rows in registers */
+  const void *kernel; /* cluster_grid_kernel (RecurrenceParams) */
+};
 const int cluster_grid_config_count = 3; /* cluster_grid.cu checks the table's length against it */
-extern const ClusterFfmaConfig cluster_grid_configs[];
+extern const ClusterGridConfig cluster_grid_configs[];
 
 }  // namespace prnn
 

@@ -302,7 +302,7 @@ prnn_status_t choose_cluster_grid(const prnn_problem_t *pb, int device, const De
       pb->hidden < kClusterGridMinHidden)
     return PRNN_STATUS_SUCCESS;
   for (int i = 0; i < cluster_grid_config_count; ++i) {
-    const ClusterFfmaConfig &f = cluster_grid_configs[i];
+    const ClusterGridConfig &f = cluster_grid_configs[i];
     if (f.dtype != pb->dtype || pb->hidden > 128 * (int64_t)f.k_chunks) continue;
     const int clusters = (int)((pb->hidden + kGridClusterRows - 1) / kGridClusterRows);
     const int smem = cluster_grid_smem_bytes((int)prnn_dtype_size(pb->dtype), f.k_chunks, f.reg_rows);

@@ -26,6 +26,7 @@
 #ifndef PRNN_PERSISTENT_CUH
 #define PRNN_PERSISTENT_CUH
 
+#include "convert.cuh"
 #include "exchange.cuh"
 #include "rnn_math.cuh"
 #include "warp_reduce.cuh"
@@ -57,8 +58,6 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
   return make_float2(__half2float(__ushort_as_half((unsigned short)(v & 0xffffu))),
                      __half2float(__ushort_as_half((unsigned short)(v >> 16))));
 }
-__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
-__device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
 
 /* A[i][k .. k+PACK) packed as a register word (zero outside [0, H)). */
 template <typename E>

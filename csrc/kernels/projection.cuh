@@ -28,8 +28,9 @@
 #ifndef PRNN_PROJECTION_CUH
 #define PRNN_PROJECTION_CUH
 
+#include "convert.cuh"
+#include "exchange.cuh"
 #include "mma.cuh"
-#include "persistent.cuh"
 #include "rnn_math.cuh"
 
 namespace prnn {
