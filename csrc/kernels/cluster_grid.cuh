@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp % kGridRowGroups, half = warp / kGridRowGroups;
   const int T = p.steps, B = p.batch, H = p.hidden;
-  const int team_rows = p.hidden_padded; /* 160 G */
+  const int team_rows = p.team_rows; /* 160 G */
   const int G = team_rows / kGridClusterRows;
   const unsigned q = cluster_rank();
   const int c = (int)cluster_index();
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
     __trap();
   const int row0 = ((int)q * G + c) * kGridRows;
   const int slice0 = (int)q * G * kGridRows, slice_bytes = G * kGridRows * 4;
-  unsigned *flags = reinterpret_cast<unsigned *>(p.xchg);
+  unsigned *flags = p.team_flags;
   float *xbuf = reinterpret_cast<float *>(flags + kGridFlagWords);
   E *out;
   const E *in, *yfwd, *h0;

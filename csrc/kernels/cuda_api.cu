@@ -476,8 +476,8 @@ prnn_status_t launch_cluster(const ClusterLaunch &c, RecurrenceParams params, In
   params.group_seqs = c.group_seqs;
   size_t flag_bytes = 0;
   if (c.team_rows > 0) {
-    params.hidden_padded = c.team_rows;
-    params.xchg = static_cast<unsigned long long *>(workspace);
+    params.team_rows = c.team_rows;
+    params.team_flags = static_cast<unsigned *>(workspace);
     flag_bytes = (size_t)kGridFlagWords * 4;
   }
   if (c.producers > 0) { /* xp goes to the workspace, after the chunk flags */
