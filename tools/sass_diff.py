@@ -6,7 +6,7 @@ dumps the SASS with cuobjdump and matches the functions by (architecture,
 name), whichever file they are in: a kernel may move between files, its code
 may not change. Prints one row per function; exits 1 on any difference.
 
-    python3 tools/sass_diff.py [--base main]
+    python3 tools/sass_diff.py [--base COMMIT]   (default: where HEAD left main)
 
 cuobjdump: on PATH, or from `pip install nvidia-cuda-cuobjdump`.
 """
@@ -86,8 +86,11 @@ def build(kernels_dir, pool):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", default="main", help="commit to compare against (default: %(default)s)")
+    ap.add_argument("--base", help="commit to compare against (default: git merge-base main HEAD)")
     args = ap.parse_args()
+    if args.base is None:
+        args.base = subprocess.run(["git", "-C", REPO, "merge-base", "main", "HEAD"], check=True,
+                                   capture_output=True, text=True).stdout.strip()[:12]
     with tempfile.TemporaryDirectory() as base, concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         archive = subprocess.run(["git", "-C", REPO, "archive", args.base, "csrc/kernels"], check=True,
                                  capture_output=True).stdout
