@@ -114,7 +114,7 @@ static void run_grid(const char *label, const char *dtype, int batch, int hidden
   auto params = [&](int steps) {
     RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
     p.team_rows = clusters * kGridClusterRows;
-    p.team_flags = static_cast<unsigned *>(ws);
+    p.xchg = static_cast<unsigned long long *>(ws);
     return p;
   };
   auto zero_flags = [&] { CHECK(cudaMemsetAsync(ws, 0, (size_t)kGridFlagWords * 4)); };

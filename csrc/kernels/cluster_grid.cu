@@ -76,7 +76,7 @@ prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
 prnn_status_t launch(const ElmanPlan &plan, const prnn_problem_t *, RecurrenceParams params, InputProjection,
                      void *workspace, cudaStream_t stream) {
   params.team_rows = plan.cluster_grid.team_rows;
-  params.team_flags = static_cast<unsigned *>(workspace);
+  params.xchg = static_cast<unsigned long long *>(workspace);
   cudaError_t err = cudaMemsetAsync(workspace, 0, (size_t)kGridFlagWords * 4, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   cudaLaunchAttribute attrs[2];

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
     __trap();
   const int row0 = ((int)q * G + c) * kGridRows;
   const int slice0 = (int)q * G * kGridRows, slice_bytes = G * kGridRows * 4;
-  unsigned *flags = p.team_flags;
+  unsigned *flags = reinterpret_cast<unsigned *>(p.xchg);
   float *xbuf = reinterpret_cast<float *>(flags + kGridFlagWords);
   E *out;
   const E *in, *yfwd, *h0;

@@ -17,8 +17,9 @@ namespace prnn {
 
 /* One pass of one layer, for every Elman kernel family; plain old data filled
  * by the entry point, then by the family's launcher for its own fields. Those
- * of different families share their place (anonymous unions), so that every
- * field keeps its offset in the kernels' parameter block. */
+ * of different families share their place (an anonymous union), so that every
+ * field keeps its offset in the kernels' parameter block. (A union around
+ * xchg changed the code nvcc makes for one grid-tier shape.) */
 struct RecurrenceParams {
   int steps;              /* T */
   int batch;              /* B */
@@ -40,11 +41,9 @@ struct RecurrenceParams {
   int64_t h0_stride_b;
   const int32_t *lengths; /* batch, or NULL */
   void *out;              /* steps x batch x hidden, contiguous: y or grad_xp */
-  union {
-    unsigned long long *xchg; /* grid tier: 2 x batch x hidden_padded/PACK tagged words, zeroed */
-    unsigned *team_flags;     /* cluster grid: flags [8][16][8] (zeroed), then the exchange
-                                 [2][8][team_rows] fp32: cluster_grid_workspace_bytes */
-  };
+  unsigned long long *xchg; /* the grid-wide exchange, in the workspace: grid tier, 2 x batch x
+                               hidden_padded/PACK tagged words (zeroed); cluster grid, flags
+                               [8][16][8] u32 (zeroed), then [2][8][team_rows] fp32 */
   int group_seqs;         /* cluster tier: sequences per cluster, 1..8 */
 };
 
