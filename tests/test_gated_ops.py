@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import torch_prnn
-from conftest import TOL, needs_cuda, rel_err
+from conftest import TOL, cluster_tier_available, needs_cuda, rel_err
 
 lstm, lstm_backward = torch.ops.prnn.lstm, torch.ops.prnn.lstm_backward
 gru, gru_backward = torch.ops.prnn.gru, torch.ops.prnn.gru_backward
@@ -661,3 +661,52 @@ def test_reduced_precision_cuda(cell, proj, dtype):
     for o, r in zip((y, h_n, c_n), ref):
         if o is not None:
             assert o.dtype == dtype and rel_err(o, r) < TOL[dtype]
+
+
+# H at the cluster family's boundaries (K extent 128 KT, 8 KT units a CTA, at
+# most 16 CTAs), with batches of one group, of several, and of an odd size.
+CLUSTER_SIZES = [(1, 1), (7, 3), (33, 9), (128, 4), (129, 1), (200, 17), (256, 8), (257, 2), (384, 5), (385, 4),
+                 (512, 4), (512, 9)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cluster_family_cuda(cell, dtype, monkeypatch):
+    """The gated cluster family (16 bits, H <= 512, sm_90) against the loop in
+    float64 on the same rounded inputs, with lengths (0, partial, full) and
+    non-contiguous xp; its saved values against the persistent family's (the
+    backward reads them), and the gradients of a pass through both alike."""
+    T = 24
+    for H, B in CLUSTER_SIZES:
+        p = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda")
+        if cluster_tier_available():
+            assert p["tier"] == "persistent_cluster", (H, B, p)
+        inputs = make_inputs(cell, T, B, H, 0, dtype, "cuda", seed=H + B)
+        inputs["xp"] = strided_copy(inputs["xp"].transpose(0, 1), 1).transpose(0, 1)  # batch-major
+        lengths = torch.tensor([(T, 0, 17, 1)[b % 4] for b in range(B)])
+        y, h_n, c_n, saved = run(cell, inputs, lengths, save=True)
+        grads = grads_of_a_pass(cell, inputs, lengths)
+        ref = reference(cell, **{k: v.cpu() if v is not None else None for k, v in inputs.items()}, lengths=lengths)
+        for name, o, r in zip(("y", "h_n", "c_n"), (y, h_n, c_n), ref):
+            if o is not None:
+                assert o.dtype == dtype and rel_err(o, r) < TOL[dtype], (H, B, name, rel_err(o, r))
+        monkeypatch.setenv("PRNN_DISABLE_CLUSTER_TIER", "1")  # the gated planner reads it at each plan
+        assert torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
+        y2, h_n2, c_n2, saved2 = run(cell, inputs, lengths, save=True)
+        grads2 = grads_of_a_pass(cell, inputs, lengths)
+        monkeypatch.delenv("PRNN_DISABLE_CLUSTER_TIER")
+        assert rel_err(saved, saved2) < TOL[dtype], (H, B, rel_err(saved, saved2))
+        assert rel_err(y, y2) < TOL[dtype], (H, B)
+        for name, a, b in zip(grads, grads.values(), grads2.values(), strict=True):
+            assert rel_err(a, b) < TOL[dtype], (H, B, name, rel_err(a, b))
+
+
+def grads_of_a_pass(cell, inputs, lengths):
+    """{name: gradient} of a fixed weighting of y, h_n (and c_n) for every input of the op."""
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in present(inputs).items()}
+    y, h_n, c_n, _ = run(cell, {**dict.fromkeys(("b_hh", "c0", "w_hr")), **leaves}, lengths)
+    gen = torch.Generator(device=y.device).manual_seed(7)
+    loss = sum((o.float() * torch.randn(o.shape, generator=gen, device=o.device)).sum()
+               for o in (y, h_n, c_n) if o is not None)
+    return dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))

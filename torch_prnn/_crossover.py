@@ -9,7 +9,7 @@ CPU nn.LSTM runs oneDNN's fused LSTM. The limits below are the largest
 batches at which ours was at least as fast as the torch module in the same
 run, eager, T in {16, 64, 256} (NVIDIA H200, torch 2.11, cuDNN 9.19:
 bench/results/sweep_NVIDIA_H200.json and NVIDIA_H200.json; the CPU:
-bench/results/cpu.json; bench/NOTES.md step 43 has the figures). Other GPUs
+bench/results/cpu.json; bench/NOTES.md steps 43 and 45 have the figures). Other GPUs
 were not measured: the same limits apply there.
 
 ``PRNN_TORCH_FALLBACK=0`` in the environment turns the hand-over off (every
@@ -34,19 +34,27 @@ _CUDA_LIMITS = {
     # H = 1024 (B = 256: 1.8x); H = 2048 B = 32 even (0.98-1.04), B = 64 0.4-0.6x.
     ("rnn", "16-bit", False): ((1536, _INF), (_INF, 16)),
     ("rnn", "16-bit", True): ((1536, _INF), (_INF, 16)),
-    # LSTM: ours below nn.LSTM from B * H = 32K (B = 64 H = 512: 0.84-0.94x,
-    # B = 32 H = 1024: 0.43-0.67x); float32 training at H = 1024 already at
-    # B = 16 (0.77x).
+    # LSTM: ours below nn.LSTM from B * H = 32K on the persistent family (B = 64
+    # H = 512: 0.84-0.94x, B = 32 H = 1024: 0.43-0.67x); float32 training at
+    # H = 1024 already at B = 16 (0.77x). In 16 bits at H <= 512 the forward runs
+    # on the cluster family, which holds 8 sequences a cluster on 7 clusters at
+    # H > 256 (1.5-2.2 us a step at B = 32, 8-10x nn.LSTM) and took B = 64 at
+    # H = 256 (2.0 us, 11x); its backward stays on the persistent family.
     ("lstm", "float32", False): ((384, 64), (768, 32), (1024, 16)),
     ("lstm", "float32", True): ((384, 64), (768, 32), (1024, 8)),
-    ("lstm", "bfloat16", False): ((384, 64), (768, 32), (1024, 16)),
+    ("lstm", "bfloat16", False): ((256, 64), (512, 56), (768, 32), (1024, 16)),
     ("lstm", "bfloat16", True): ((384, 64), (768, 32), (1024, 16)),
-    # float16 LSTM from B = 8: cuDNN's persistent kernel (0.3-0.6x at every H).
-    ("lstm", "float16", False): ((1024, 4),),
+    # float16 LSTM from B = 8: cuDNN's persistent kernel, whose forward+backward
+    # beat ours at every H (B = 8 H = 256: 5.4 against 6.3 us a step); its
+    # forward (B = 8 H = 256: 1.9 us eager) loses to the cluster family's.
+    ("lstm", "float16", False): ((512, 56), (1024, 4)),
     ("lstm", "float16", True): ((1024, 4),),
-    # GRU: as the LSTM (B = 64 H = 512: 0.75-0.99x; B = 32 H = 1024: 0.61-0.81x).
-    ("gru", "any", False): ((384, 64), (768, 32), (1024, 16)),
-    ("gru", "any", True): ((384, 64), (768, 32), (1024, 16)),
+    # GRU: as the LSTM (B = 64 H = 512: 0.75-0.99x; B = 32 H = 1024: 0.61-0.81x),
+    # the 16-bit forward on the cluster family too (B = 64 H = 256: 1.5 us, 9x).
+    ("gru", "float32", False): ((384, 64), (768, 32), (1024, 16)),
+    ("gru", "float32", True): ((384, 64), (768, 32), (1024, 16)),
+    ("gru", "16-bit", False): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("gru", "16-bit", True): ((384, 64), (768, 32), (1024, 16)),
 }
 
 # On the CPU, nn.LSTM's oneDNN LSTM beat our ATen steps at H = 256 and 1024
@@ -63,9 +71,7 @@ CELL_OF_MODE = {"RNN_TANH": "rnn", "RNN_RELU": "rnn", "LSTM": "lstm", "GRU": "gr
 
 
 def _dtype_class(cell: str, dtype: torch.dtype) -> str:
-    if cell == "gru":
-        return "any"
-    if cell == "rnn":
+    if cell != "lstm":
         return "float32" if dtype == torch.float32 else "16-bit"
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 

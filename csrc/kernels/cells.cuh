@@ -18,10 +18,20 @@
 
 namespace prnn {
 
-template <typename A> __device__ __forceinline__ A sigmoid_of(A x) { return A(1) / (A(1) + exp(-x)); }
-template <> __device__ __forceinline__ float sigmoid_of<float>(float x) { return 1.f / (1.f + expf(-x)); }
-template <typename A> __device__ __forceinline__ A tanh_of(A x) { return tanh(x); }
-template <> __device__ __forceinline__ float tanh_of<float>(float x) { return tanhf(x); }
+/* The gates' functions, a policy of the forward: Precise (the libm functions
+ * of A) for float32 and float64 values; Fast for sums whose results are kept
+ * in 16 bits, where its few ulps of float32 error are far below their rounding. */
+struct PreciseMath {
+  template <typename A> static __device__ __forceinline__ A sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
+  static __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+  template <typename A> static __device__ __forceinline__ A tanh_of(A x) { return tanh(x); }
+  static __device__ __forceinline__ float tanh_of(float x) { return tanhf(x); }
+};
+struct FastMath {
+  static __device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+  /* 1 - 2 / (e^{2x} + 1): exact limits at +-inf (e^{2x} = inf gives 1, 0 gives -1) */
+  static __device__ __forceinline__ float tanh_of(float x) { return 1.f - __fdividef(2.f, __expf(2.f * x) + 1.f); }
+};
 
 struct LstmCell {
   static const int kGates = PRNN_LSTM_GATES;  /* i, f, g, o */
@@ -29,15 +39,15 @@ struct LstmCell {
   static const bool kCarriesCell = true;      /* prev is c, kept beside h */
 
   /* Returns the unit's output m_t = o tanh(c_t); *carry = c_t. */
-  template <typename A>
+  template <typename A, class M = PreciseMath>
   static __device__ __forceinline__ A forward(const A (&xp)[kGates], const A (&hh)[kGates], A prev, A *carry,
                                               A (&saved)[kSaved]) {
-    const A i = sigmoid_of(xp[0] + hh[0]), f = sigmoid_of(xp[1] + hh[1]);
-    const A g = tanh_of(xp[2] + hh[2]), o = sigmoid_of(xp[3] + hh[3]);
+    const A i = M::sigmoid(xp[0] + hh[0]), f = M::sigmoid(xp[1] + hh[1]);
+    const A g = M::tanh_of(xp[2] + hh[2]), o = M::sigmoid(xp[3] + hh[3]);
     const A c = f * prev + i * g;
     saved[0] = i; saved[1] = f; saved[2] = g; saved[3] = o; saved[4] = c;
     *carry = c;
-    return o * tanh_of(c);
+    return o * M::tanh_of(c);
   }
 
   /* Gradients of the gate pre-activations (both sides alike), the cell's
@@ -47,7 +57,7 @@ struct LstmCell {
   static __device__ __forceinline__ void backward(A dh, A carry, const A (&sv)[kSaved], A prev,
                                                   A (&dxp)[kGates], A (&dhh)[kGates], A *carry_out,
                                                   A *dh_direct) {
-    const A i = sv[0], f = sv[1], g = sv[2], o = sv[3], tc = tanh_of(sv[4]);
+    const A i = sv[0], f = sv[1], g = sv[2], o = sv[3], tc = PreciseMath::tanh_of(sv[4]);
     const A dc = carry + dh * o * (A(1) - tc * tc);
     dxp[0] = dc * g * i * (A(1) - i);
     dxp[1] = dc * prev * f * (A(1) - f);
@@ -65,11 +75,11 @@ struct GruCell {
   static const int kSaved = PRNN_GRU_SAVED;  /* r, z, n, W_hn h_{t-1} + b_hn */
   static const bool kCarriesCell = false;    /* prev is the unit's own h_{t-1} */
 
-  template <typename A>
+  template <typename A, class M = PreciseMath>
   static __device__ __forceinline__ A forward(const A (&xp)[kGates], const A (&hh)[kGates], A prev, A *carry,
                                               A (&saved)[kSaved]) {
-    const A r = sigmoid_of(xp[0] + hh[0]), z = sigmoid_of(xp[1] + hh[1]);
-    const A n = tanh_of(xp[2] + r * hh[2]);
+    const A r = M::sigmoid(xp[0] + hh[0]), z = M::sigmoid(xp[1] + hh[1]);
+    const A n = M::tanh_of(xp[2] + r * hh[2]);
     saved[0] = r; saved[1] = z; saved[2] = n; saved[3] = hh[2];
     const A h = (A(1) - z) * n + z * prev;
     *carry = h;

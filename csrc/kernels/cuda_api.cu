@@ -21,15 +21,6 @@ namespace {
  * fill writes the same values. */
 DeviceInfo g_devices[kMaxDevices];
 
-/* PRNN_DISABLE_CLUSTER_TIER=1 (any value but empty or "0"; read when a device
- * is first queried) plans as on GPUs without clusters: the grid tier, which
- * sm_80-89 run at every H up to the on-chip limits, is then testable on
- * sm_90 too. */
-int cluster_tier_disabled() {
-  const char *v = getenv("PRNN_DISABLE_CLUSTER_TIER");
-  return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
-}
-
 /* PRNN_FUSED_PROJECTION (read when a device is first queried): "0" never
  * fuses a layer's input projection into the recurrence's launch, "1" fuses it
  * wherever a kernel can, even where the producers would not keep ahead (to
@@ -58,7 +49,7 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
     d->smem_optin = fresh.smem_optin;
     d->cooperative = fresh.cooperative;
     d->major = fresh.major;
-    d->cluster = fresh.cluster && !cluster_tier_disabled();
+    d->cluster = fresh.cluster && !prnn_cluster_tier_disabled();
     d->fuse_projection = fused_projection_override();
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
   }

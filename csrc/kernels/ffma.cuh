@@ -12,7 +12,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "convert.cuh"
+#include "rnn_math.cuh"
 
 namespace prnn {
 

@@ -26,7 +26,6 @@
 #ifndef PRNN_PERSISTENT_CUH
 #define PRNN_PERSISTENT_CUH
 
-#include "convert.cuh"
 #include "exchange.cuh"
 #include "rnn_math.cuh"
 #include "warp_reduce.cuh"

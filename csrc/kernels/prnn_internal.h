@@ -23,6 +23,10 @@ prnn_status_t prnn_fail(prnn_status_t status, const char *fmt, ...)
 /* Clears prnn_last_error(); every entry point calls it first. */
 void prnn_clear_error(void);
 
+/* PRNN_DISABLE_CLUSTER_TIER set (to anything but empty or "0"): plan as on
+ * GPUs without clusters, so that their path is testable on sm_90 too. */
+int prnn_cluster_tier_disabled(void);
+
 /* Size in bytes of one element of a dtype (0 for an invalid dtype). */
 size_t prnn_dtype_size(prnn_dtype_t dtype);
 

@@ -28,7 +28,6 @@
 #ifndef PRNN_PROJECTION_CUH
 #define PRNN_PROJECTION_CUH
 
-#include "convert.cuh"
 #include "exchange.cuh"
 #include "mma.cuh"
 #include "rnn_math.cuh"

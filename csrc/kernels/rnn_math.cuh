@@ -48,6 +48,10 @@ struct RecurrenceParams {
 };
 
 /* Arithmetic type of an element type: float for every dtype but double. */
+/* The bit pattern of a 16-bit value. */
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
+
 template <typename E> struct AccumOf { typedef float type; };
 template <> struct AccumOf<double> { typedef double type; };
 

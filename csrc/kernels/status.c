@@ -6,6 +6,8 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "prnn_internal.h"
 
@@ -53,6 +55,11 @@ const char *prnn_tier_string(prnn_tier_t tier) {
 const char *prnn_last_error(void) { return last_error; }
 
 void prnn_clear_error(void) { last_error[0] = '\0'; }
+
+int prnn_cluster_tier_disabled(void) {
+  const char *v = getenv("PRNN_DISABLE_CLUSTER_TIER");
+  return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
 
 prnn_status_t prnn_fail(prnn_status_t status, const char *fmt, ...) {
   va_list ap;

@@ -1,0 +1,152 @@
+/*
+ * gated_unit.cuh - what every gated family (gated.cu, gated_cluster.cu)
+ * shares: the params of one pass of a gated layer and the memory side of one
+ * hidden unit's forward and backward around the cell policy (cells.cuh):
+ * its inputs, its saved values, lengths and gradients.
+ */
+#ifndef PRNN_GATED_UNIT_CUH
+#define PRNN_GATED_UNIT_CUH
+
+#include "cells.cuh"
+#include "prnn_internal.h"
+
+namespace prnn {
+
+/* One pass of one gated layer, filled from the C API's args. */
+struct GatedParams {
+  int steps, batch, hidden, state; /* T, B, H, S */
+  const void *xp;                  /* steps x batch x G*H */
+  int64_t xp_stride_t, xp_stride_b;
+  const void *b_hh;                /* G*H or NULL */
+  const void *h0;                  /* batch x S */
+  int64_t h0_stride_b;
+  const void *c0;                  /* batch x H (LSTM) */
+  int64_t c0_stride_b;
+  const void *w_hh;                /* G*H x S */
+  int64_t w_hh_stride;
+  const void *w_hr;                /* S x H or NULL */
+  int64_t w_hr_stride;
+  const int32_t *lengths;
+  void *y, *h_n, *c_n, *saved;     /* forward outputs, prnn_gated_forward_args_t */
+  const void *grad_y;              /* backward inputs, prnn_gated_backward_args_t */
+  int64_t grad_y_stride_t, grad_y_stride_b;
+  const void *grad_h_n;
+  int64_t grad_h_n_stride_b;
+  const void *grad_c_n;
+  int64_t grad_c_n_stride_b;
+  void *grad_xp, *grad_hh, *grad_h, *grad_h0, *grad_c0;
+  /* persistent family */
+  int units_per_cta;               /* U */
+  int k_padded;                    /* K of the on-chip matrix, padded to kKAlign */
+  int batch_tile;                  /* sequences staged at once */
+  float *xchg;                     /* 2 x batch x k_padded exchanged values (K = S forward, G*H backward) */
+  /* cluster family (gated_cluster.cu) */
+  int group_seqs;                  /* sequences a cluster carries, 1..8 */
+};
+
+/* ---------------------------------------------------------------- units */
+
+/* What the forward of hidden unit u of sequence b at step t reads from
+ * memory besides the gate sums, loaded ahead of them so that their latency
+ * overlaps the exchange: the input side xp and the bias b_hh of its gates. */
+template <class Cell, typename A>
+struct UnitInputs {
+  A xp[Cell::kGates];
+  A bias[Cell::kGates];
+};
+
+template <class Cell, typename E, typename A>
+__device__ __forceinline__ void load_unit_inputs(const GatedParams &p, int t, int b, int u,
+                                                 UnitInputs<Cell, A> *in) {
+  const int H = p.hidden;
+  const E *xp = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
+  const E *bias = static_cast<const E *>(p.b_hh);
+#pragma unroll
+  for (int g = 0; g < Cell::kGates; ++g) {
+    in->xp[g] = to_accum(xp[(size_t)g * H]);
+    in->bias[g] = bias != NULL ? A(to_accum(bias[g * H + u])) : A(0);
+  }
+}
+
+/* Forward of unit u of sequence b at step t from mat = W_hh h_{t-1} of its
+ * gates and its loaded inputs. Writes its saved values (zero past the
+ * length) and returns whether the step is active; then *out is the unit's
+ * output and *carry what the cell carries (Cell::forward). */
+template <class Cell, typename E, typename A, class Math = PreciseMath>
+__device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b, int u, const UnitInputs<Cell, A> &in,
+                                             const A (&mat)[Cell::kGates], A prev, A *out, A *carry) {
+  const int SV = Cell::kSaved, H = p.hidden;
+  E *saved = static_cast<E *>(p.saved);
+  const size_t srow = ((size_t)t * p.batch + b) * SV * H + u;
+  if (t >= sequence_length(p.lengths, b, p.steps)) {
+    if (saved != NULL)
+      for (int k = 0; k < SV; ++k) saved[srow + (size_t)k * H] = Round<E>::to(A(0));
+    return false;
+  }
+  A hh[Cell::kGates], sv[SV];
+#pragma unroll
+  for (int g = 0; g < Cell::kGates; ++g) hh[g] = mat[g] + in.bias[g];
+  *out = Cell::template forward<A, Math>(in.xp, hh, prev, carry, sv);
+  if (saved != NULL)
+#pragma unroll
+    for (int k = 0; k < SV; ++k) saved[srow + (size_t)k * H] = Round<E>::to(sv[k]);
+  return true;
+}
+
+/* What the backward of unit u of sequence b at an active step t reads from
+ * memory, loaded ahead of the gate-gradient products: its saved values and
+ * what the forward's step carried in (c_{t-1} for an LSTM, h_{t-1} for a GRU). */
+template <class Cell, typename A>
+struct UnitSaved {
+  A sv[Cell::kSaved];
+  A prev;
+};
+
+template <class Cell, typename E, typename A>
+__device__ __forceinline__ void load_unit_saved(const GatedParams &p, int t, int b, int u, UnitSaved<Cell, A> *in) {
+  const int SV = Cell::kSaved, H = p.hidden, B = p.batch;
+  const E *saved = static_cast<const E *>(p.saved);
+  const size_t srow = ((size_t)t * B + b) * SV * H + u;
+#pragma unroll
+  for (int k = 0; k < SV; ++k) in->sv[k] = to_accum(saved[srow + (size_t)k * H]);
+  if (Cell::kCarriesCell)
+    in->prev = t > 0 ? A(to_accum(saved[srow - (size_t)B * SV * H + (size_t)(SV - 1) * H]))
+                     : A(to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]));
+  else
+    in->prev = t > 0 ? A(to_accum(static_cast<const E *>(p.y)[((size_t)(t - 1) * B + b) * p.state + u]))
+                     : A(to_accum(static_cast<const E *>(p.h0)[b * p.h0_stride_b + u]));
+}
+
+/* Backward of unit u of sequence b at an active step t; dh = dLoss/d(unit
+ * output). Writes grad_xp (and grad_hh) and returns the hh-side gradients in
+ * dhh; *carry (in: from t+1, out: for t-1) and *dh_direct as Cell::backward. */
+template <class Cell, typename E, typename A>
+__device__ __forceinline__ void backward_unit(const GatedParams &p, int t, int b, int u, const UnitSaved<Cell, A> &in,
+                                              A dh, A *carry, A *dh_direct, A (&dhh)[Cell::kGates]) {
+  const int G = Cell::kGates, H = p.hidden, B = p.batch;
+  A dxp[G];
+  Cell::backward(dh, *carry, in.sv, in.prev, dxp, dhh, carry, dh_direct);
+  E *gxp = static_cast<E *>(p.grad_xp) + ((size_t)t * B + b) * G * H + u;
+  E *ghh = static_cast<E *>(p.grad_hh);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    gxp[(size_t)g * H] = Round<E>::to(dxp[g]);
+    if (ghh != NULL) ghh[((size_t)t * B + b) * G * H + (size_t)g * H + u] = Round<E>::to(dhh[g]);
+  }
+}
+
+/* Zero gradients of unit u of sequence b at a step past its length. */
+template <class Cell, typename E>
+__device__ __forceinline__ void zero_unit_grads(const GatedParams &p, int t, int b, int u) {
+  const int G = Cell::kGates, H = p.hidden;
+  const size_t row = ((size_t)t * p.batch + b) * G * H + u;
+  E *gxp = static_cast<E *>(p.grad_xp), *ghh = static_cast<E *>(p.grad_hh);
+  for (int g = 0; g < G; ++g) {
+    gxp[row + (size_t)g * H] = Round<E>::to(0.f);
+    if (ghh != NULL) ghh[row + (size_t)g * H] = Round<E>::to(0.f);
+  }
+}
+
+}  // namespace prnn
+
+#endif /* PRNN_GATED_UNIT_CUH */
