@@ -33,7 +33,7 @@
 #ifndef PRNN_CLUSTER_FFMA_CUH
 #define PRNN_CLUSTER_FFMA_CUH
 
-#include "cluster.cuh" /* the cluster helpers: rank, barrier, mapa, mbarrier, st.async */
+#include "dsmem.cuh"
 #include "exchange.cuh"
 #include "ffma.cuh"
 #include "projection.cuh"

@@ -52,7 +52,7 @@
 #ifndef PRNN_CLUSTER_GRID_CUH
 #define PRNN_CLUSTER_GRID_CUH
 
-#include "cluster.cuh" /* the cluster helpers: rank, barrier, mapa, mbarrier, launch configs */
+#include "dsmem.cuh"
 #include "exchange.cuh"
 #include "ffma.cuh"
 #include "rnn_math.cuh"

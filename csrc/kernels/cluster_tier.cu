@@ -2,9 +2,9 @@
  * cluster_tier.cu - the planning and launch the cluster tier's two families
  * share (cluster_tier.cuh); host code only.
  */
-#include "cluster.cuh"
 #include "cluster_tier.cuh"
 #include "cuda_status.cuh"
+#include "dsmem.cuh"
 #include "prnn_internal.h"
 
 namespace prnn {
