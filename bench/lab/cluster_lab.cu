@@ -113,7 +113,7 @@ static void run_grid(const char *label, const char *dtype, int batch, int hidden
   const cudaLaunchConfig_t cfg = cluster_grid_launch_config(clusters, smem, 0, attrs);
   auto params = [&](int steps) {
     RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
-    p.hidden_padded = clusters * kGridClusterRows;
+    p.team_rows = clusters * kGridClusterRows;
     p.xchg = static_cast<unsigned long long *>(ws);
     return p;
   };

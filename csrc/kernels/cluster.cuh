@@ -44,16 +44,15 @@
 #define PRNN_CLUSTER_CUH
 
 #include "dsmem.cuh"
+#include "exchange.cuh"
 #include "mma.cuh"
-#include "persistent.cuh"
 #include "projection.cuh"
+#include "rnn_math.cuh"
 
 namespace prnn {
 
-/* Fixed geometry: 8 warps, 8 sequences (mma n = 8) per cluster; rows per CTA are compiled (64 or 72). */
-const int kClusterWarps = 8;
+/* Fixed geometry: 8 warps (dsmem.cuh), 8 sequences (mma n = 8) per cluster; rows per CTA are compiled (64 or 72). */
 const int kClusterSeqs = 8;
-const int kClusterMaxCtas = 16;
 
 /* A compiled shape: K extent 8 warps x KT k-tiles x 16 = 128 * KT columns, `rows` rows of A per CTA. */
 struct ClusterConfig {
@@ -93,20 +92,6 @@ __host__ __device__ constexpr int cluster_smem_bytes(int k_extent, int rows) {
                                  ? cluster_step_smem(k_extent, rows)
                                  : cluster_stage_smem(k_extent, rows));
 }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* A fused layer's launch (proj.clusters > 0, either cluster kernel): its
- * first proj.clusters clusters compute xp (projection.cuh) and this returns
- * true when done; the rest step, and get false. */
-template <typename E>
-__device__ __forceinline__ bool project_if_producer(const RecurrenceParams &p, const InputProjection &proj,
-                                                    unsigned char *smem, unsigned rank, unsigned ctas) {
-  if ((int)cluster_index() >= proj.clusters) return false;
-  project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
-                    proj.clusters * (int)ctas);
-  return true;
-}
-#endif
 
 template <typename E, int KT, int ROWS>
 __global__ void __launch_bounds__(kClusterThreads, 1)

@@ -33,16 +33,14 @@
 #ifndef PRNN_CLUSTER_FFMA_CUH
 #define PRNN_CLUSTER_FFMA_CUH
 
-#include "cluster.cuh"
+#include "dsmem.cuh"
+#include "exchange.cuh"
+#include "ffma.cuh"
 #include "projection.cuh"
+#include "rnn_math.cuh"
+#include "warp_reduce.cuh"
 
 namespace prnn {
-
-/* The mbarriers' 16 bytes, padded so that the shared buffers after them
- * start at a 128-byte boundary (this file's kernel and the cluster grid's):
- * from byte 16 the cluster grid stepped 3-7% slower at H = 2048, B = 4-16
- * (the FFMA kernel alike either way; bench/NOTES.md step 38). */
-const int kFfmaSmemLead = 128;
 
 /* Dynamic shared memory of shape (element size, KC, WR, RREG): mbarriers
  * [2] (padded to kFfmaSmemLead), then, while stepping, the shared-memory
@@ -54,44 +52,6 @@ __host__ __device__ constexpr int cluster_ffma_smem_bytes(int elem_bytes, int kc
                    ? (wr - rreg) * kc * 256 * 4 * elem_bytes + 2 * kc * 128 * 4
                    : rreg * kc * 256 * 4 * elem_bytes);
 }
-
-/* 4 consecutive elements of a row of A at their width, widened to float32,
- * and their dot product with 4 float32 state values. */
-__device__ __forceinline__ float dot4(float4 a, float4 h, float acc) {
-  acc = fmaf(a.x, h.x, acc);
-  acc = fmaf(a.y, h.y, acc);
-  acc = fmaf(a.z, h.z, acc);
-  return fmaf(a.w, h.w, acc);
-}
-template <typename E> struct Quad;
-template <> struct Quad<float> {
-  typedef float4 type;
-  static __device__ __forceinline__ float4 widen4(type a) { return a; }
-  static __device__ __forceinline__ float dot(type a, float4 h, float acc) { return dot4(a, h, acc); }
-  static __device__ __forceinline__ void put(type *q, int e, float v) { reinterpret_cast<float *>(q)[e] = v; }
-};
-/* 16-bit: element e in bits 16 (e % 2) of word e / 2 */
-template <typename E> struct Quad16 {
-  typedef uint2 type;
-  static __device__ __forceinline__ float2 widen(uint32_t w);
-  static __device__ __forceinline__ float4 widen4(type a) {
-    const float2 lo = widen(a.x), hi = widen(a.y);
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-  }
-  static __device__ __forceinline__ float dot(type a, float4 h, float acc) { return dot4(widen4(a), h, acc); }
-  static __device__ __forceinline__ void put(type *q, int e, E v) {
-    reinterpret_cast<unsigned short *>(q)[e] = (unsigned short)bits16(v);
-  }
-};
-template <> __device__ __forceinline__ float2 Quad16<__nv_bfloat16>::widen(uint32_t w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-template <> __device__ __forceinline__ float2 Quad16<__half>::widen(uint32_t w) {
-  return make_float2(__half2float(__ushort_as_half((unsigned short)(w & 0xffffu))),
-                     __half2float(__ushort_as_half((unsigned short)(w >> 16))));
-}
-template <> struct Quad<__nv_bfloat16> : Quad16<__nv_bfloat16> {};
-template <> struct Quad<__half> : Quad16<__half> {};
 
 /* The quad slot of (row rr of warp w, column k) within its [32 slots] group:
  * lane (k % 128) / 4, swizzled by (w + rr) % 8. Reads (one lane per slot)
@@ -376,17 +336,16 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 #endif
 }
 
-/* A compiled shape of an FFMA kernel: this file's (cluster_ffma.cu), per
- * dtype smallest K extent first - float32: KC = 2 and 4 (H <= 256, 512) with
- * all 8 rows of a warp in registers, 8 (H <= 1024) with 6 of 8, 9 (H <=
- * 1152, 72 rows a CTA) with 5 of 9 - and the cluster grid's (cluster_grid.cuh). */
+/* A compiled shape of the FFMA kernel (cluster_ffma.cu), per dtype smallest
+ * K extent first - float32: KC = 2 and 4 (H <= 256, 512) with all 8 rows of
+ * a warp in registers, 8 (H <= 1024) with 6 of 8, 9 (H <= 1152, 72 rows a
+ * CTA) with 5 of 9. */
 struct ClusterFfmaConfig {
   prnn_dtype_t dtype;
   int k_chunks;  /* KC: K extent 128 KC */
   int warp_rows; /* WR: rows per warp, 8 WR per CTA */
   int reg_rows;  /* RREG of them in registers */
-  const void *kernel; /* cluster_ffma_kernel (RecurrenceParams, InputProjection) or
-                         cluster_grid_kernel (RecurrenceParams) */
+  const void *kernel; /* cluster_ffma_kernel (RecurrenceParams, InputProjection) */
 };
 const int cluster_ffma_config_count = 4; /* cluster_ffma.cu checks the table's length against it */
 extern const ClusterFfmaConfig cluster_ffma_configs[];

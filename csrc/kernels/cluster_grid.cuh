@@ -52,7 +52,11 @@
 #ifndef PRNN_CLUSTER_GRID_CUH
 #define PRNN_CLUSTER_GRID_CUH
 
-#include "cluster_ffma.cuh"
+#include "dsmem.cuh"
+#include "exchange.cuh"
+#include "ffma.cuh"
+#include "rnn_math.cuh"
+#include "warp_reduce.cuh"
 
 namespace prnn {
 
@@ -133,7 +137,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp % kGridRowGroups, half = warp / kGridRowGroups;
   const int T = p.steps, B = p.batch, H = p.hidden;
-  const int team_rows = p.hidden_padded; /* 160 G */
+  const int team_rows = p.team_rows; /* 160 G */
   const int G = team_rows / kGridClusterRows;
   const unsigned q = cluster_rank();
   const int c = (int)cluster_index();
@@ -339,11 +343,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
 #endif
 }
 
-/* The compiled kernels (cluster_grid.cu): K extent 2048, by dtype, 4 of a
+/* A compiled kernel (cluster_grid.cu): K extent 2048, by dtype, 4 of a
  * warp's 5 rows in registers (all 5 spill at 16 bits: the compiler hoists
  * the widened rows out of the step loop). */
+struct ClusterGridConfig {
+  prnn_dtype_t dtype;
+  int k_chunks;       /* KC: K extent 128 KC */
+  int reg_rows;       /* RREG of a warp's 5 rows in registers */
+  const void *kernel; /* cluster_grid_kernel (RecurrenceParams) */
+};
 const int cluster_grid_config_count = 3; /* cluster_grid.cu checks the table's length against it */
-extern const ClusterFfmaConfig cluster_grid_configs[];
+extern const ClusterGridConfig cluster_grid_configs[];
 
 }  // namespace prnn
 

@@ -17,6 +17,9 @@ namespace prnn {
 
 /* Every cluster kernel runs 8 warps a CTA. */
 const int kClusterThreads = 256;
+const int kClusterWarps = 8;
+/* The most CTAs a cluster may have (a non-portable size, allowed per kernel). */
+const int kClusterMaxCtas = 16;
 
 /* The launch of `grid` CTAs of kClusterThreads threads in clusters of `ctas`
  * (a launch attribute, so the size is chosen at run time); *attr must outlive

@@ -28,8 +28,9 @@
 #ifndef PRNN_PROJECTION_CUH
 #define PRNN_PROJECTION_CUH
 
+#include "dsmem.cuh"
+#include "exchange.cuh"
 #include "mma.cuh"
-#include "persistent.cuh"
 #include "rnn_math.cuh"
 
 namespace prnn {
@@ -377,6 +378,20 @@ __device__ __forceinline__ int wait_projection_step(const RecurrenceParams &p, c
   const int chunk_steps = projection_chunk_steps(p.batch);
   return chunk_steps * wait_projection_run(q, p.hidden, s / chunk_steps, (p.steps + chunk_steps - 1) / chunk_steps);
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* A fused layer's launch (proj.clusters > 0, either cluster kernel): its
+ * first proj.clusters clusters compute xp (project_inputs) and this returns
+ * true when done; the rest step, and get false. */
+template <typename E>
+__device__ __forceinline__ bool project_if_producer(const RecurrenceParams &p, const InputProjection &proj,
+                                                    unsigned char *smem, unsigned rank, unsigned ctas) {
+  if ((int)cluster_index() >= proj.clusters) return false;
+  project_inputs<E>(p, proj, reinterpret_cast<float *>(smem + kProjSmemOffset), (int)(cluster_index() * ctas + rank),
+                    proj.clusters * (int)ctas);
+  return true;
+}
+#endif
 
 }  // namespace prnn
 

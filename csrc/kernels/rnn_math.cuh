@@ -15,14 +15,19 @@
 
 namespace prnn {
 
-/* One pass of one layer, for every kernel family; plain old data filled by the
- * launcher (hidden_padded and xchg: the grid tier and the cluster grid only). */
+/* One pass of one layer, for every Elman kernel family; plain old data filled
+ * by the entry point, then by the family's launcher for its own fields. Those
+ * of different families share their place (an anonymous union), so that every
+ * field keeps its offset in the kernels' parameter block. (A union around
+ * xchg changed the code nvcc makes for one grid-tier shape.) */
 struct RecurrenceParams {
   int steps;              /* T */
   int batch;              /* B */
   int hidden;             /* H */
-  int hidden_padded;      /* grid tier: blockDim.x * KL >= H, the K extent a CTA covers;
-                             cluster grid: 160 G >= H, the rows its G clusters cover */
+  union {
+    int hidden_padded;    /* grid tier: blockDim.x * KL >= H, the K extent a CTA covers */
+    int team_rows;        /* cluster grid: 160 G >= H, the rows its G clusters cover */
+  };
   int backward;           /* 0: forward pass, 1: backward-data pass */
   int activation;         /* prnn_activation_t */
   const void *a;          /* A = W_hh (forward) or W_hh^T (backward): A[i][k] at a[i*a_stride_row + k*a_stride_col] */
@@ -36,9 +41,10 @@ struct RecurrenceParams {
   int64_t h0_stride_b;
   const int32_t *lengths; /* batch, or NULL */
   void *out;              /* steps x batch x hidden, contiguous: y or grad_xp */
-  unsigned long long *xchg; /* grid tier: 2 x batch x hidden_padded/PACK tagged words, zeroed;
-                               cluster grid: its flags (zeroed) and exchange buffer, cluster_grid.cuh */
-  int group_seqs;         /* cluster kernel: sequences per cluster, 1..8 */
+  unsigned long long *xchg; /* the grid-wide exchange, in the workspace: grid tier, 2 x batch x
+                               hidden_padded/PACK tagged words (zeroed); cluster grid, flags
+                               [8][16][8] u32 (zeroed), then [2][8][team_rows] fp32 */
+  int group_seqs;         /* cluster tier: sequences per cluster, 1..8 */
 };
 
 /* Arithmetic type of an element type: float for every dtype but double. */

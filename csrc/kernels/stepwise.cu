@@ -1,13 +1,24 @@
-/* stepwise.cu - kernels and launcher of the one-launch-per-step tier. */
-#include "stepwise.cuh"
+/*
+ * stepwise.cu - the slow tier: one kernel launch per step, A re-read from
+ * L2/HBM every step. It runs what the persistent kernels cannot hold on chip
+ * (large hidden sizes, float64) with the same arithmetic (rnn_math.cuh).
+ * Its kernels, its plan and its launch.
+ */
+#include "cuda_status.cuh"
+#include "elman_family.cuh"
+#include "prnn_internal.h"
+#include "rnn_math.cuh"
 
 namespace prnn {
 
+/* Largest hidden size of the stepwise tier: its workspace holds a copy of W_hh. */
+static const int64_t kMaxStepwiseHidden = 32768;
 static const size_t kAlign = 256;
 
 static size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-size_t stepwise_workspace_bytes(int batch, int hidden, size_t elem_size) {
+/* Workspace: a contiguous copy of A, then 2 x batch x hidden states. */
+static size_t stepwise_workspace_bytes(int batch, int hidden, size_t elem_size) {
   return align_up((size_t)hidden * hidden * elem_size) + 2 * (size_t)batch * hidden * elem_size;
 }
 
@@ -103,8 +114,9 @@ static cudaError_t run_stepwise(const RecurrenceParams &p, void *workspace, cuda
   return cudaSuccess;
 }
 
-cudaError_t launch_stepwise(prnn_dtype_t dtype, const RecurrenceParams &params, void *workspace,
-                            cudaStream_t stream) {
+/* Runs all steps on `stream`; returns the first CUDA error. */
+static cudaError_t launch_stepwise(prnn_dtype_t dtype, const RecurrenceParams &params, void *workspace,
+                                   cudaStream_t stream) {
   switch (dtype) {
     case PRNN_DTYPE_FLOAT32: return run_stepwise<float>(params, workspace, stream);
     case PRNN_DTYPE_FLOAT64: return run_stepwise<double>(params, workspace, stream);
@@ -113,5 +125,31 @@ cudaError_t launch_stepwise(prnn_dtype_t dtype, const RecurrenceParams &params, 
   }
   return cudaErrorInvalidValue;
 }
+
+/* The last family: it takes every problem up to its largest hidden size, and
+ * past it no family can run the problem. */
+static prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
+  const prnn_problem_t *pb = request.problem;
+  if (pb->hidden > kMaxStepwiseHidden)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
+                     "hidden=%lld is larger than the largest supported hidden size, %lld",
+                     (long long)pb->hidden, (long long)kMaxStepwiseHidden);
+  plan->summary.tier = PRNN_TIER_STEPWISE;
+  plan->summary.workspace_bytes = stepwise_workspace_bytes((int)pb->batch, (int)pb->hidden, prnn_dtype_size(pb->dtype));
+  plan->summary.grid = (int)((pb->hidden + 7) / 8);
+  plan->summary.block = 256;
+  plan->summary.rows_per_cta = 8;
+  *taken = true;
+  return PRNN_STATUS_SUCCESS;
+}
+
+static prnn_status_t launch(const ElmanPlan &, const prnn_problem_t *problem, RecurrenceParams params,
+                            InputProjection, void *workspace, cudaStream_t stream) {
+  const cudaError_t err = launch_stepwise(problem->dtype, params, workspace, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "stepwise_rnn_kernel launch");
+  return PRNN_STATUS_SUCCESS;
+}
+
+extern const ElmanFamily stepwise_family = {take, launch, false};
 
 }  // namespace prnn
