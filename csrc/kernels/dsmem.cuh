@@ -118,6 +118,47 @@ __device__ __forceinline__ void store_peer16_async(uint32_t remote, uint4 v, uin
 }
 #endif
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* A CTA's slice of the next state into every CTA of its cluster (itself
+ * too), as 16-byte st.async stores of 8 values of one of `live` sequences
+ * (WIDTH values a sequence), each counted on the receiver's mbarrier of the
+ * warp whose K slice holds those columns. The (peer, chunk) pairs are spread
+ * over the CTA's threads: this thread's first pair and its stride are set
+ * once, so that a step needs no division. */
+template <int WIDTH>
+struct SliceStores {
+  int chunks, first_peer, first_chunk, peer_stride, chunk_stride;
+  __device__ __forceinline__ SliceStores(int live, int tid)
+      : chunks(live * (WIDTH / 8)),
+        first_peer(tid / chunks),
+        first_chunk(tid % chunks),
+        peer_stride(kClusterThreads / chunks),
+        chunk_stride(kClusterThreads % chunks) {}
+
+  /* slice: [sequence][slice_pitch] 16-bit; into each peer's state buffer
+   * `buffer` of the kSeqs-sequence buffers [buffer][sequence][state_pitch]
+   * at `state` (this CTA's shared address), columns col0 + r; bar_of(column):
+   * this CTA's shared address of the mbarrier that counts it. */
+  template <int kSeqs, class BarOf>
+  __device__ __forceinline__ void send(unsigned ctas, const unsigned short *slice, int slice_pitch, uint32_t state,
+                                       int buffer, int state_pitch, int col0, BarOf bar_of) const {
+    int peer = first_peer, chunk = first_chunk;
+    while (peer < (int)ctas) {
+      const int n = chunk / (WIDTH / 8), r = chunk % (WIDTH / 8) * 8; /* values [r, r + 8) of sequence n */
+      const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * slice_pitch + r);
+      const uint32_t local = state + (uint32_t)(((buffer * kSeqs + n) * state_pitch + col0 + r) * 2);
+      store_peer16_async(peer_address(local, peer), v, peer_address(bar_of(col0 + r), peer));
+      peer += peer_stride;
+      chunk += chunk_stride;
+      if (chunk >= chunks) {
+        chunk -= chunks;
+        ++peer;
+      }
+    }
+  }
+};
+#endif
+
 }  // namespace prnn
 
 #endif /* PRNN_DSMEM_CUH */

@@ -163,10 +163,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   const unsigned warp_bytes =
       (unsigned)(sent_cols <= 0 ? 0 : (sent_cols < WCOLS ? sent_cols : WCOLS)) * (unsigned)live * 2;
   const bool exchange = warp_bytes > 0;
-  /* The stores of a step: (peer, chunk) pairs, chunk = 8 units of one live sequence. */
-  const int chunks = live * (U / 8);
-  const int first_peer = tid / chunks, first_chunk = tid % chunks;
-  const int peer_stride = kClusterThreads / chunks, chunk_stride = kClusterThreads % chunks;
+  const SliceStores<U> stores(live, tid); /* a step's stores: 8 units of one live sequence each */
   E *y = static_cast<E *>(p.y);
 
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
@@ -245,21 +242,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
     __syncthreads();
 
     /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
-    if (t + 1 < T) {
-      int peer = first_peer, chunk = first_chunk;
-      while (peer < (int)ctas) {
-        const int n = chunk / (U / 8), r = chunk % (U / 8) * 8; /* units [r, r + 8) of sequence n */
-        const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * SLPITCH + r);
-        const uint32_t local = state_base + (uint32_t)((((1 - cur) * kSeqs + n) * SPITCH + u0 + r) * 2);
-        store_peer16_async(peer_address(local, peer), v, peer_address(bar(1 - cur, (u0 + r) / WCOLS), peer));
-        peer += peer_stride;
-        chunk += chunk_stride;
-        if (chunk >= chunks) {
-          chunk -= chunks;
-          ++peer;
-        }
-      }
-    }
+    if (t + 1 < T)
+      stores.template send<kSeqs>(ctas, slice, SLPITCH, state_base, 1 - cur, SPITCH, u0,
+                  [&](int col) { return bar(1 - cur, col / WCOLS); });
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       in.xp[g] = next_xp[g];
