@@ -294,7 +294,12 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   const int sent_rows = (int)ctas * ROWS - warp * WROWS;
   const unsigned warp_bytes =
       (unsigned)(sent_rows <= 0 ? 0 : (sent_rows < WROWS ? sent_rows : WROWS)) * (unsigned)live * 2;
-  const SliceStores<ROWS> stores(live, tid); /* a step's stores: 8 rows of one live sequence each */
+  /* The stores of a step: (peer, chunk) pairs, chunk = 8 rows of one live
+   * sequence (live * R / 8 per peer), spread over the threads; this thread's
+   * first pair and its stride, so the step needs no division. */
+  const int chunks = live * (ROWS / 8);
+  const int first_peer = tid / chunks, first_chunk = tid % chunks;
+  const int peer_stride = kClusterThreads / chunks, chunk_stride = kClusterThreads % chunks;
   const bool exchange = warp_bytes > 0;
 
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
@@ -372,9 +377,22 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     __syncthreads();
 
     /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
-    if (s + 1 < T) /* counted on the barrier of the peer's warp that reads these rows */
-      stores.template send<kClusterSeqs>(ctas, slice, SLPITCH, state_base, 1 - cur, SPITCH, row0,
-                  [&](int row) { return bar(1 - cur, row / WROWS); });
+    if (s + 1 < T) {
+      int peer = first_peer, chunk = first_chunk;
+      while (peer < (int)ctas) {
+        const int n = chunk / (ROWS / 8), r = chunk % (ROWS / 8) * 8; /* rows [r, r + 8) of sequence n */
+        const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * SLPITCH + r);
+        const uint32_t local = state_base + (uint32_t)((((1 - cur) * kClusterSeqs + n) * SPITCH + row0 + r) * 2);
+        /* counted on the barrier of the peer's warp that reads these rows */
+        store_peer16_async(peer_address(local, peer), v, peer_address(bar(1 - cur, (row0 + r) / WROWS), peer));
+        peer += peer_stride;
+        chunk += chunk_stride;
+        if (chunk >= chunks) {
+          chunk -= chunks;
+          ++peer;
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < OPT; ++i)
       if (o_valid[i]) out[((size_t)t * B + o_b) * H + row0 + lane + 32 * i] = o_out[i];
