@@ -96,7 +96,9 @@ typedef enum prnn_tier {
   PRNN_TIER_PERSISTENT_CLUSTER = 5, /* thread-block clusters (sm_90+, H <= 1152): 16-bit, up
                                        to 8 sequences a cluster, W_hh in registers as
                                        tensor-core fragments; float32, one sequence a cluster,
-                                       W_hh in registers and shared memory, FFMA */
+                                       W_hh in registers and shared memory, FFMA. Gated
+                                       cells: the 16-bit forward up to H = 512, a CTA
+                                       holding all gate rows of its units */
   PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6 /* several clusters at once (sm_90, H 1153 to 2048, B >= 5):
                                        W_hh over ceil(H / 160) clusters of 8 CTAs (8 to 13), 20
                                        rows a CTA, 4 of each warp's 5 rows in registers and 1 in
