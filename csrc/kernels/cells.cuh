@@ -20,7 +20,7 @@ namespace prnn {
 
 /* The gates' functions, a policy of the forward: Precise (the libm functions
  * of A) for float32 and float64 values; Fast for sums whose results are kept
- * in 16 bits, where its few ulps of float32 error are far below their rounding. */
+ * in 16 bits, where its error (under 1e-5 relative) is far below their rounding. */
 struct PreciseMath {
   template <typename A> static __device__ __forceinline__ A sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
   static __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
@@ -29,8 +29,13 @@ struct PreciseMath {
 };
 struct FastMath {
   static __device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
-  /* 1 - 2 / (e^{2x} + 1): exact limits at +-inf (e^{2x} = inf gives 1, 0 gives -1) */
-  static __device__ __forceinline__ float tanh_of(float x) { return 1.f - __fdividef(2.f, __expf(2.f * x) + 1.f); }
+  /* 1 - 2 / (e^{2x} + 1), exact at +-inf (e^{2x} = inf gives 1, 0 gives -1);
+   * below |x| = 1/16, where that cancels, x - x^3 / 3 + 2 x^5 / 15 (relative
+   * error of either under 1e-5 in float32; NaN stays NaN). */
+  static __device__ __forceinline__ float tanh_of(float x) {
+    const float x2 = x * x, series = fmaf(x * x2, fmaf(x2, 2.f / 15.f, -1.f / 3.f), x);
+    return fabsf(x) < 0.0625f ? series : 1.f - __fdividef(2.f, __expf(2.f * x) + 1.f);
+  }
 };
 
 struct LstmCell {
