@@ -503,13 +503,18 @@ __global__ void backward_cell_kernel(const GatedParams p, int t, StepwiseBuffers
 
 struct GatedDevice {
   int sms, smem_optin, cooperative;
+  bool clusters; /* compute capability 9.0 or later, with cluster launches */
 };
 
 prnn_status_t gated_device(int device, GatedDevice *d) {
   cudaError_t err = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->cooperative, cudaDevAttrCooperativeLaunch, device);
+  int major = 0, cluster = 0;
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, device);
   if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
+  d->clusters = major >= 9 && cluster != 0;
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -602,8 +607,7 @@ prnn_status_t plan_gated(const prnn_problem_t *pb, bool backward, int device, pr
   if (st != PRNN_STATUS_SUCCESS) return st;
   /* the families in order of preference, each asked whether it takes the problem */
   GatedClusterLaunch cluster;
-  st = choose_gated_cluster(pb, backward, device, &cluster);
-  if (st != PRNN_STATUS_SUCCESS) return st;
+  choose_gated_cluster(pb, backward, device, dev.clusters, &cluster);
   if (cluster.kernel == NULL) st = choose_persistent(pb, backward, dev, l);
   else memset(l, 0, sizeof *l);
   if (st != PRNN_STATUS_SUCCESS) return st;

@@ -286,37 +286,41 @@ void kernel_of_cell(prnn_dtype_t dtype, int k_tiles, const void **fn, int *smem)
 const int kMaxDevices = 64;
 int g_room[kMaxDevices][2][2][kMaxKTiles][kMaxCtas + 1];
 
-prnn_status_t cluster_room(int device, const prnn_problem_t *pb, int k_tiles, const void *fn, int ctas, int smem,
-                           int *room) {
+/* The room of a kernel, cached in g_room. A kernel the device cannot run
+ * as compiled (a build without sm_90 code: the PTX of older architectures
+ * only traps), or whose attributes or occupancy it refuses (a cluster size
+ * the part does not take), has none: the family declines, and the next one
+ * runs the problem. */
+int cluster_room(int device, const prnn_problem_t *pb, int k_tiles, const void *fn, int ctas, int smem) {
   int *known = &g_room[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][k_tiles - 1][ctas];
-  *room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
-  if (*room != 0) return PRNN_STATUS_SUCCESS;
-  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (room != 0) return room;
+  cudaFuncAttributes fa;
+  cudaError_t err = cudaFuncGetAttributes(&fa, fn);
+  if (err == cudaSuccess && (fa.binaryVersion < 90 || fa.ptxVersion < 90)) err = cudaErrorNoKernelImageForDevice;
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaFuncSetAttribute(gated cluster kernel)");
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, smem, 0, &attr);
   int clusters = 0;
-  err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveClusters(gated cluster kernel)");
-  *room = clusters >= 1 ? clusters : -1;
-  __atomic_store_n(known, *room, __ATOMIC_RELEASE);
-  return PRNN_STATUS_SUCCESS;
+  if (err == cudaSuccess) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, smem, 0, &attr);
+    err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+  }
+  if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
+  room = err == cudaSuccess && clusters >= 1 ? clusters : -1;
+  __atomic_store_n(known, room, __ATOMIC_RELEASE);
+  return room;
 }
 
 }  // namespace
 
-prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, GatedClusterLaunch *l) {
+void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, bool clusters,
+                          GatedClusterLaunch *l) {
   memset(l, 0, sizeof *l);
   const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (backward || !half || pb->proj_size > 0 || pb->hidden > 128 * kMaxKTiles || device < 0 ||
+  if (!clusters || backward || !half || pb->proj_size > 0 || pb->hidden > 128 * kMaxKTiles || device < 0 ||
       device >= kMaxDevices || prnn_cluster_tier_disabled())
-    return PRNN_STATUS_SUCCESS;
-  int major = 0, cluster = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, device);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
-  if (major < 9 || !cluster) return PRNN_STATUS_SUCCESS;
+    return;
   const int H = (int)pb->hidden, k_tiles = (H + 127) / 128, units = 8 * k_tiles;
   /* at least two CTAs: compute-sanitizer refuses st.async within a cluster of one */
   const int ctas = (H + units - 1) / units < 2 ? 2 : (H + units - 1) / units;
@@ -324,12 +328,10 @@ prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int 
   int smem = 0;
   if (pb->cell == PRNN_CELL_LSTM) kernel_of_cell<LstmCell>(pb->dtype, k_tiles, &fn, &smem);
   else kernel_of_cell<GruCell>(pb->dtype, k_tiles, &fn, &smem);
-  int room = 0;
-  const prnn_status_t st = cluster_room(device, pb, k_tiles, fn, ctas, smem, &room);
-  if (st != PRNN_STATUS_SUCCESS) return st;
+  const int room = cluster_room(device, pb, k_tiles, fn, ctas, smem);
   /* groups as small as the room allows: a step's exchange carries only a group's sequences */
   const int64_t most_groups = room < 1 ? 0 : room;
-  if ((pb->batch + kSeqs - 1) / kSeqs > most_groups) return PRNN_STATUS_SUCCESS;
+  if ((pb->batch + kSeqs - 1) / kSeqs > most_groups) return;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
   l->kernel = fn;
   l->ctas = ctas;
@@ -337,7 +339,6 @@ prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int 
   l->group_seqs = group;
   l->grid = ctas * (int)((pb->batch + group - 1) / group);
   l->smem_bytes = smem;
-  return PRNN_STATUS_SUCCESS;
 }
 
 prnn_status_t launch_gated_cluster(const GatedClusterLaunch &l, GatedParams p, cudaStream_t stream) {
