@@ -38,9 +38,6 @@ def test_cuda_limits_are_a_batch_threshold(cell, dtype, training):
 def test_limits_follow_the_measurements():
     faster = _crossover.torch_is_faster
     assert faster("lstm", torch.float16, "cuda", 8, 256, training=True)  # cuDNN's persistent LSTM kernel
-    assert not faster("lstm", torch.float16, "cuda", 8, 256)  # the gated cluster family's forward
-    assert faster("lstm", torch.float16, "cuda", 8, 1024)
-    assert not faster("gru", torch.bfloat16, "cuda", 56, 512) and faster("gru", torch.bfloat16, "cuda", 64, 512)
     assert not faster("lstm", torch.bfloat16, "cuda", 8, 256)
     assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
     assert not faster("lstm", torch.float32, "cuda", 16, 1024)
@@ -54,6 +51,22 @@ def test_limits_follow_the_measurements():
     assert not faster("rnn", torch.float32, "cpu", 1024, 1024)
     assert not faster("gru", torch.float32, "cpu", 1024, 1024)
     assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+def test_gated_forward_limits_follow_the_cluster_family(monkeypatch, clusters):
+    """The 16-bit gated forward's limits where the cluster family runs (sm_90
+    and later), the persistent family's elsewhere; training keeps the latter."""
+    monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: clusters)
+    faster = _crossover.torch_is_faster
+    assert faster("lstm", torch.float16, "cuda", 8, 256) != clusters  # cuDNN's persistent kernel, or ours
+    assert faster("lstm", torch.float16, "cuda", 8, 1024)
+    assert faster("gru", torch.bfloat16, "cuda", 56, 512) != clusters
+    assert faster("gru", torch.bfloat16, "cuda", 64, 512)
+    assert faster("lstm", torch.bfloat16, "cuda", 56, 512) != clusters
+    assert faster("lstm", torch.float16, "cuda", 8, 256, training=True)
+    assert faster("gru", torch.bfloat16, "cuda", 56, 512, training=True)
+    assert not faster("lstm", torch.float32, "cuda", 64, 256)  # float32 has no cluster family
 
 
 def test_plan_says_what_a_module_runs():

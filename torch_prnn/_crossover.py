@@ -16,6 +16,7 @@ were not measured: the same limits apply there.
 call on the persistent kernels), for measuring them.
 """
 
+import functools
 import os
 
 import torch
@@ -35,27 +36,34 @@ _CUDA_LIMITS = {
     # H = 1024 (B = 256: 1.8x); H = 2048 B = 32 even (0.98-1.04), B = 64 0.4-0.6x.
     ("rnn", "16-bit", False): ((1536, _INF), (_INF, 16)),
     ("rnn", "16-bit", True): ((1536, _INF), (_INF, 16)),
-    # LSTM: ours below nn.LSTM from B * H = 32K on the persistent family (B = 64
-    # H = 512: 0.84-0.94x, B = 32 H = 1024: 0.43-0.67x); float32 training at
-    # H = 1024 already at B = 16 (0.77x). In 16 bits at H <= 512 the forward runs
-    # on the cluster family, which holds 8 sequences a cluster on 7 clusters at
-    # H > 256 (1.5-2.2 us a step at B = 32, 8-10x nn.LSTM) and took B = 64 at
-    # H = 256 (2.0 us, 11x); its backward stays on the persistent family.
+    # LSTM: ours below nn.LSTM from B * H = 32K (B = 64 H = 512: 0.84-0.94x,
+    # B = 32 H = 1024: 0.43-0.67x); float32 training at H = 1024 already at
+    # B = 16 (0.77x).
     ("lstm", "float32", False): ((384, 64), (768, 32), (1024, 16)),
     ("lstm", "float32", True): ((384, 64), (768, 32), (1024, 8)),
-    ("lstm", "bfloat16", False): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("lstm", "bfloat16", False): ((384, 64), (768, 32), (1024, 16)),
     ("lstm", "bfloat16", True): ((384, 64), (768, 32), (1024, 16)),
-    # float16 LSTM from B = 8: cuDNN's persistent kernel, whose forward+backward
-    # beat ours at every H (B = 8 H = 256: 5.4 against 6.3 us a step); its
-    # forward (B = 8 H = 256: 1.9 us eager) loses to the cluster family's.
-    ("lstm", "float16", False): ((512, 56), (1024, 4)),
+    # float16 LSTM from B = 8: cuDNN's persistent kernel (0.3-0.6x at every H).
+    ("lstm", "float16", False): ((1024, 4),),
     ("lstm", "float16", True): ((1024, 4),),
-    # GRU: as the LSTM (B = 64 H = 512: 0.75-0.99x; B = 32 H = 1024: 0.61-0.81x),
-    # the 16-bit forward on the cluster family too (B = 64 H = 256: 1.5 us, 9x).
+    # GRU: as the LSTM (B = 64 H = 512: 0.75-0.99x; B = 32 H = 1024: 0.61-0.81x).
     ("gru", "float32", False): ((384, 64), (768, 32), (1024, 16)),
     ("gru", "float32", True): ((384, 64), (768, 32), (1024, 16)),
-    ("gru", "16-bit", False): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("gru", "16-bit", False): ((384, 64), (768, 32), (1024, 16)),
     ("gru", "16-bit", True): ((384, 64), (768, 32), (1024, 16)),
+}
+
+# The 16-bit gated forward where its cluster family runs (compute capability
+# 9.0 or later, the cluster tier not disabled): at H <= 512 it holds 8
+# sequences a cluster on 7 clusters at H > 256 (1.5-2.2 us a step at B = 32,
+# 8-10x nn.LSTM) and took B = 64 at H = 256 (2.0 us, 11x); float16 LSTM
+# forwards beat cuDNN's persistent kernel eager from B = 8 (1.5 against
+# 1.9 us at H = 256). Training calls keep the rows above: the backward is
+# the persistent family's.
+_CLUSTER_FORWARD_LIMITS = {
+    ("lstm", "bfloat16"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("lstm", "float16"): ((512, 56), (1024, 4)),
+    ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
 }
 
 # On the CPU, nn.LSTM's oneDNN LSTM beat our ATen steps at H = 256 and 1024
@@ -133,12 +141,21 @@ def _dtype_class(cell: str, dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
 
+@functools.lru_cache(maxsize=None)
+def _cluster_family_runs(index: int) -> bool:
+    """Whether the gated cluster family can run on CUDA device `index` (as
+    the C planner decides it, PRNN_DISABLE_CLUSTER_TIER read once)."""
+    knob = os.environ.get("PRNN_DISABLE_CLUSTER_TIER", "")
+    return knob in ("", "0") and torch.cuda.is_available() and torch.cuda.get_device_capability(index) >= (9, 0)
+
+
 def torch_is_faster(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
-                    proj_size: int = 0, training: bool = False) -> bool:
+                    proj_size: int = 0, training: bool = False, device_index: int | None = None) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
     device, batch and hidden size runs faster on torch's own recurrence;
     training: the call's backward runs too. float64 always stays on ours
-    (the reference the tests use), as does every device but CUDA and the CPU."""
+    (the reference the tests use), as does every device but CUDA and the CPU.
+    device_index: the CUDA device (default: the current one)."""
     if not enabled or dtype == torch.float64:
         return False
     if device_type == "cpu":
@@ -147,7 +164,12 @@ def torch_is_faster(cell: str, dtype: torch.dtype, device_type: str, batch: int,
         return False
     if proj_size > 0:  # our stepwise tier
         return True
-    for max_hidden, max_batch in _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]:
+    limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
+    if cell != "rnn" and not training and dtype != torch.float32:
+        index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
+        if _cluster_family_runs(index):
+            limits = _CLUSTER_FORWARD_LIMITS[(cell, _dtype_class(cell, dtype))]
+    for max_hidden, max_batch in limits:
         if hidden <= max_hidden:
             return batch > max_batch
     return True

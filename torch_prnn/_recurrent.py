@@ -282,7 +282,7 @@ class PersistentRNNBase(nn.Module):
         weights = self._flat_weights
         if _crossover.torch_is_faster(
             _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
-            training=_crossover.needs_grad(weights, x, *states),
+            training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index,
         ):
             # packed: on the packed data, as nn runs it
             output, states = self._torch_layers(data if packed else x, batch_sizes if packed else None, states, weights)

@@ -216,6 +216,7 @@ def plan(
         "smem_bytes": smem_bytes,
         "fused_input_projection": bool(fused),
         "module": "torch" if _crossover.torch_is_faster(
-            cell, dtype, torch.device(device).type, batch, hidden_size, proj_size, training=backward
+            cell, dtype, torch.device(device).type, batch, hidden_size, proj_size, training=backward,
+            device_index=torch.device(device).index,
         ) else "prnn",
     }
