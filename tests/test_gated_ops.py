@@ -663,10 +663,13 @@ def test_reduced_precision_cuda(cell, proj, dtype):
             assert o.dtype == dtype and rel_err(o, r) < TOL[dtype]
 
 
-# H at the cluster family's boundaries (K extent 128 KT, 8 KT units a CTA, at
-# most 16 CTAs), with batches of one group, of several, and of an odd size.
-CLUSTER_SIZES = [(1, 1), (7, 3), (33, 9), (128, 4), (129, 1), (200, 17), (256, 8), (257, 2), (384, 5), (385, 4),
-                 (512, 4), (512, 9)]
+# (H, B, T, bias): H at the cluster family's boundaries (K extent 128 KT, 8 KT
+# units a CTA, at most 16 CTAs), batches of one group, of several, of an odd
+# size and of full groups of 8 (B = 56, 64: where the hand-over's limits put
+# the family), T from 1 (no exchange) up, with and without b_hh.
+CLUSTER_CASES = [(1, 1, 24, True), (7, 3, 1, True), (33, 9, 2, False), (128, 4, 3, True), (129, 1, 24, True),
+                 (200, 17, 24, False), (256, 8, 24, True), (256, 64, 24, True), (257, 2, 24, True), (384, 5, 24, True),
+                 (385, 4, 24, True), (512, 4, 24, True), (512, 9, 24, True), (512, 56, 24, True)]
 
 
 @needs_cuda
@@ -677,14 +680,13 @@ def test_cluster_family_cuda(cell, dtype, monkeypatch):
     float64 on the same rounded inputs, with lengths (0, partial, full) and
     non-contiguous xp; its saved values against the persistent family's (the
     backward reads them), and the gradients of a pass through both alike."""
-    T = 24
-    for H, B in CLUSTER_SIZES:
+    for H, B, T, bias in CLUSTER_CASES:
         p = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda")
-        if cluster_tier_available():
+        if cluster_tier_available() and B <= 16:  # larger batches: as many clusters as the GPU holds at once
             assert p["tier"] == "persistent_cluster", (H, B, p)
-        inputs = make_inputs(cell, T, B, H, 0, dtype, "cuda", seed=H + B)
+        inputs = make_inputs(cell, T, B, H, 0, dtype, "cuda", bias=bias, seed=H + B)
         inputs["xp"] = strided_copy(inputs["xp"].transpose(0, 1), 1).transpose(0, 1)  # batch-major
-        lengths = torch.tensor([(T, 0, 17, 1)[b % 4] for b in range(B)])
+        lengths = torch.tensor([min((T, 0, 17, 1)[b % 4], T) for b in range(B)])
         y, h_n, c_n, saved = run(cell, inputs, lengths, save=True)
         grads = grads_of_a_pass(cell, inputs, lengths)
         ref = reference(cell, **{k: v.cpu() if v is not None else None for k, v in inputs.items()}, lengths=lengths)
