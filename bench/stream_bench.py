@@ -143,12 +143,16 @@ class HostOnly(torch_prnn.Stream):
     _device_for = staticmethod(lambda weight_device, device: torch.device("cpu"))
 
     def _launch(self, weights, bias, device, max_sms, start_timeout):
-        self.mailbox = self._port.buffers()[0].numpy()
-        self.mailbox[33] = 1  # ready
+        self.mailbox = self._port.buffers()[0].numpy().view("uint32")
+        self.mailbox[32] = 1  # ready
         return [0, 0, 0, 0]
 
     def answer_next(self):
-        self.mailbox[32] = self.mailbox[2] + 1  # the answer to the command about to be posted
+        """The answer to the STEP about to be posted (prnn.h: the number after the last posted, skipping the one
+        its input words carry), in the one answer word a stream without a kernel waits for."""
+        posted, x_tag = int(self.mailbox[2]), int(self.mailbox[3])
+        seq = (posted + 1) & 0xFFFFFFFF
+        self.mailbox[64] = seq + 1 if seq == x_tag else seq
 
 
 def host_overhead(steps=20000):
