@@ -167,7 +167,7 @@ def host_overhead(steps=20000):
         answer, raw, port = stream.answer_next, stream_module._step_raw, stream._port
         forms = {
             "answer alone": answer,
-            "_C._stream_step": lambda: (answer(), raw(stream._handle, x.data_ptr(), out.data_ptr())),
+            "_C._stream_step": lambda: (answer(), raw(stream._handle, x._cdata, out._cdata)),
             "step(x, out=)": lambda: (answer(), stream.step(x, out=out)),
             "step(x)": lambda: (answer(), stream.step(x)),
             "ScriptObject method step(x)": lambda: (answer(), port.step(x)),

@@ -437,6 +437,22 @@ def test_sequence_numbers_wrap(fake_kernels):
     assert rel_err(ys, y_ref) < 1e-6 and rel_err(state, state_ref) < 1e-6
 
 
+def test_step_takes_values_not_bytes(fake_kernels):
+    """What declines the hot path is stepped by its values: a negative view
+    (whose bytes are not its values), a Parameter, a non-contiguous x."""
+    module = make_module("rnn", 5, 6)
+    x = torch.randn(3, 1, 5)
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module) as stream:
+        y0 = stream.step(torch._neg_view(-x[0]))
+        y1 = stream.step(torch.nn.Parameter(x[1].clone(), requires_grad=False))
+        out = torch.empty(1, 6)
+        strided = torch.stack([x[2], x[2]], -1)[..., 0]  # [1, 5], stride 2
+        assert stream.step(strided, out=torch._neg_view(out)) is not None
+    assert rel_err(y0, y_ref[0]) < 1e-6 and rel_err(y1, y_ref[1]) < 1e-6
+    assert rel_err(-out, y_ref[2]) < 1e-6
+
+
 def test_host_side_launch_needs_pinned_buffers():
     p = port()
     match = "not pinned" if torch.version.cuda else "built without CUDA"

@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -257,17 +258,28 @@ class ResidentStream : public torch::CustomClassHolder {
 
   at::Tensor step(const at::Tensor& x) { return run_step(x, nullptr); }
 
-  // The hot path of a step (_C._stream_step): x and y are the data of
-  // contiguous CPU tensors of the stream's dtype, batch x input and batch x
-  // hidden (or input and hidden for a batch of one), which the caller checked.
-  // Returns "" or the error.
-  std::string step_raw(const void* x, void* y) noexcept {
+  // The hot path of a step (_C._stream_step): x and out as TensorImpls (a
+  // tensor's _cdata; the caller keeps them alive). Steps when both are plain
+  // CPU tensors of the stream's dtype, contiguous, x [batch, input] and out
+  // [batch, hidden] (or [input] and [hidden] for a batch of one): returns
+  // kStepped. kNotPlain for anything else (the caller goes the checked way,
+  // step / step_into); else the error.
+  static constexpr const char* kStepped = "";
+  static constexpr const char* kNotPlain = "not plain";
+  std::string step_raw(const c10::TensorImpl* x, c10::TensorImpl* out) noexcept {
     try {
+      const int64_t B = shape_.batch;
+      const bool batched = x->dim() == 2;
+      const std::array<int64_t, 2> x_shape{B, shape_.input}, out_shape{B, shape_.hidden};
+      const size_t skip = batched ? 0 : 1;  // unbatched: [input] and [hidden]
+      if ((!batched && B != 1) || !plain_cpu(*x, at::IntArrayRef(x_shape).slice(skip)) ||
+          !plain_cpu(*out, at::IntArrayRef(out_shape).slice(skip)))
+        return kNotPlain;
       std::lock_guard<std::mutex> lock(mutex_);
       check_usable("Stream.step");
-      await(prnn_resident_post_step(buffers_.mailbox, buffers_.x_words, x, x_bytes_), "Stream.step");
-      std::memcpy(y, buffers_.y, y_bytes_);
-      return "";
+      await(prnn_resident_post_step(buffers_.mailbox, buffers_.x_words, x->data(), x_bytes_), "Stream.step");
+      std::memcpy(out->mutable_data(), buffers_.y, y_bytes_);
+      return kStepped;
     } catch (const c10::Error& e) {
       return e.what_without_backtrace();
     } catch (const std::exception& e) {
@@ -417,6 +429,15 @@ class ResidentStream : public torch::CustomClassHolder {
     TORCH_CHECK(state_ != State::kBroken, what, ": the stream is broken (", broken_, "); close() it and open a new one");
   }
 
+  // Whether t is a CPU tensor of the stream's dtype and `shape` whose bytes
+  // are its values in order: contiguous, strided, no negative or conjugate
+  // view, no wrapper (what step_raw copies with a memcpy).
+  bool plain_cpu(const c10::TensorImpl& t, at::IntArrayRef shape) const {
+    return t.is_cpu() && t.layout() == at::kStrided && t.has_storage() && !t.is_python_dispatch() && !t.is_neg() &&
+           !t.is_conj() && !t.has_symbolic_sizes_strides() && t.dtype() == c10::scalarTypeToTypeMeta(shape_.scalar_type) &&
+           t.sizes() == shape && t.is_contiguous() && t.data() != nullptr;
+  }
+
   void check_device(const char* what, const char* name, const at::Tensor& t) const {
     const bool ours = t.device().is_cuda() && device_index_ >= 0 && t.device().index() == device_index_;
     TORCH_CHECK_VALUE(t.device().is_cpu() || ours, what, ": ", name, " must be on the CPU",
@@ -454,13 +475,15 @@ class ResidentStream : public torch::CustomClassHolder {
     }
 
     // x_t's values in order on the host: from the GPU by a copy on the current stream, waited for, and never
-    // by a kernel (host_copy).
-    const at::Tensor x_host = host_copy(x).contiguous();
+    // by a kernel (host_copy); resolve_neg: a negative view's bytes are not its values.
+    const at::Tensor x_host = host_copy(x).resolve_neg().contiguous();
     await(prnn_resident_post_step(buffers_.mailbox, buffers_.x_words, x_host.const_data_ptr(), x_bytes_), what);
 
     const at::Tensor y = unbatched ? y_view_[0] : y_view_;
     if (out != nullptr) {
-      if (out->device().is_cpu() && out->is_contiguous()) std::memcpy(out->mutable_data_ptr(), buffers_.y, y_bytes_);
+      // A negative view takes its values by copy_ (its bytes are their negation).
+      if (out->device().is_cpu() && out->is_contiguous() && !out->is_neg())
+        std::memcpy(out->mutable_data_ptr(), buffers_.y, y_bytes_);
       else if (out->device().is_cpu() || out->is_contiguous()) out->copy_(y);
       else write_dense(*out, y);
       return *out;
@@ -555,27 +578,30 @@ class ResidentStream : public torch::CustomClassHolder {
   std::unique_ptr<ResidentKernel> kernel_;
 };
 
-// _C._stream_step(handle, x_ptr, y_ptr): ResidentStream.step_raw from Python
-// in one call with plain integers, a fraction of a method call's cost; the
-// GIL is released while the kernel answers.
+// _C._stream_step(handle, x, out): ResidentStream.step_raw from Python in one
+// call with plain integers (the stream's handle, the tensors' _cdata), a
+// fraction of a method call's cost; the GIL is released while the kernel
+// answers. True once stepped; False when x and out are not what the hot path
+// takes (the caller goes the checked way).
 PyObject* stream_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "_stream_step(handle, x_ptr, y_ptr) takes 3 integers");
+    PyErr_SetString(PyExc_TypeError, "_stream_step(handle, x, out) takes 3 integers");
     return nullptr;
   }
   auto* stream = static_cast<ResidentStream*>(PyLong_AsVoidPtr(args[0]));
-  const void* x = PyLong_AsVoidPtr(args[1]);
-  void* y = PyLong_AsVoidPtr(args[2]);
+  const auto* x = static_cast<const c10::TensorImpl*>(PyLong_AsVoidPtr(args[1]));
+  auto* out = static_cast<c10::TensorImpl*>(PyLong_AsVoidPtr(args[2]));
   if (PyErr_Occurred() != nullptr) return nullptr;
   std::string error;
   Py_BEGIN_ALLOW_THREADS
-  error = stream->step_raw(x, y);
+  error = stream->step_raw(x, out);
   Py_END_ALLOW_THREADS
+  if (error == ResidentStream::kNotPlain) Py_RETURN_FALSE;
   if (!error.empty()) {
     PyErr_SetString(PyExc_RuntimeError, error.c_str());
     return nullptr;
   }
-  Py_RETURN_NONE;
+  Py_RETURN_TRUE;
 }
 
 PyMethodDef g_stream_functions[] = {
