@@ -750,6 +750,30 @@ def test_cuda_gated_steps_equal_the_sequence(cell, dtype, B, I, H):
 
 @cuda_test(120)
 @pytest.mark.hang_guard(60)
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+@pytest.mark.parametrize("B, I", [(1, 1024), (3, 5), (8, 1024)])  # x_t read with the request (8 KiB, 60 B) or not
+def test_cuda_paced_steps_equal_steps_in_a_loop(cell, B, I):
+    """Steps taken in a loop (the kernel reads x_t with its polls of the
+    request) and steps more than the eager window apart (x_t read after the
+    request) give the same outputs, bit for bit, and the sequence's."""
+    module = cuda_module(cell, I, 256)
+    x = (0.5 * torch.randn(12, B, I))
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module, batch=B) as stream:
+        looped = stream_sequence(stream, x)
+        stream.reset()
+        paced = []
+        for t in range(12):
+            if t % 2:
+                time.sleep(0.002)  # past the kernel's 100 us window
+            paced.append(stream.step(x[t]))
+        paced = torch.stack(paced)
+    assert torch.equal(looped, paced)
+    assert rel_err(looped, y_ref) < 1e-5
+
+
+@cuda_test(120)
+@pytest.mark.hang_guard(60)
 @pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cuda_layers_and_no_bias(cell, dtype):
