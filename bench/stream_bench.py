@@ -143,12 +143,16 @@ class HostOnly(torch_prnn.Stream):
     _device_for = staticmethod(lambda weight_device, device: torch.device("cpu"))
 
     def _launch(self, weights, bias, device, max_sms, start_timeout):
-        self.mailbox = self._port.buffers()[0].numpy()
-        self.mailbox[33] = 1  # ready
+        self.mailbox = self._port.buffers()[0].numpy().view("uint32")
+        self.mailbox[32] = 1  # ready
         return [0, 0, 0, 0]
 
     def answer_next(self):
-        self.mailbox[32] = self.mailbox[2] + 1  # the answer to the command about to be posted
+        """The answer to the STEP about to be posted (prnn.h: the number after the last posted, skipping the one
+        its input words carry), in the one answer word a stream without a kernel waits for."""
+        posted, x_tag = int(self.mailbox[2]), int(self.mailbox[3])
+        seq = (posted + 1) & 0xFFFFFFFF
+        self.mailbox[64] = seq + 1 if seq == x_tag else seq
 
 
 def host_overhead(steps=20000):
@@ -163,7 +167,7 @@ def host_overhead(steps=20000):
         answer, raw, port = stream.answer_next, stream_module._step_raw, stream._port
         forms = {
             "answer alone": answer,
-            "_C._stream_step": lambda: (answer(), raw(stream._handle, x.data_ptr(), out.data_ptr())),
+            "_C._stream_step": lambda: (answer(), raw(stream._handle, x._cdata, out._cdata)),
             "step(x, out=)": lambda: (answer(), stream.step(x, out=out)),
             "step(x)": lambda: (answer(), stream.step(x)),
             "ScriptObject method step(x)": lambda: (answer(), port.step(x)),

@@ -14,6 +14,7 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,7 +49,16 @@ def cuda_test(limit):
     return register
 
 STEP, SET_STATE, GET_STATE, RESET, STOP = 1, 2, 3, 4, 5
-REQUEST, COMMAND, POSTED, RESPONSE, READY = 0, 1, 2, 32, 33  # int32 words of the mailbox (prnn.h)
+REQUEST, COMMAND, POSTED, X_TAG, READY, ANSWER = 0, 1, 2, 3, 32, 64  # int32 words of the mailbox (prnn.h)
+MAILBOX_WORDS = ANSWER + 256  # PRNN_RESIDENT_MAX_CTAS answer words
+
+
+def x_words_values(words, dtype, shape):
+    """x_t from its tagged words (int64 [n]): the low halves' bytes as `dtype`, `shape`; and the tags."""
+    halves = words.view(torch.int32)
+    n = shape.numel() * torch.empty(0, dtype=dtype).element_size()
+    payload = halves[0::2].contiguous().view(torch.uint8)[:n]
+    return payload.view(dtype).reshape(shape), halves[1::2]
 
 
 @pytest.fixture(autouse=True)
@@ -89,42 +99,58 @@ def weights_by_layer(module):
 
 class FakeKernel(threading.Thread):
     """Plays the resident kernel for a ResidentStream built without pinned
-    memory: answers its mailbox, computing in float64 and rounding h to the
+    memory: answers its mailbox as `ctas` CTAs would (each its own answer
+    word, in a shuffled order), computing in float64 and rounding h to the
     stream's dtype and an LSTM's c to float32 each step, as the kernel keeps
-    them. stall=True never answers (but still ends on a STOP it sees)."""
+    them. A STEP's input words must all carry its sequence number.
+    stall=True never answers (but still ends on a STOP it sees)."""
 
-    def __init__(self, port, cell, nonlinearity, layer_weights, dtype, stall=False):
+    def __init__(self, port, cell, nonlinearity, layer_weights, dtype, stall=False, ctas=3):
         super().__init__(daemon=True)
-        self.mailbox, self.x, self.y, self.h_buf, self.c_buf, self.mask = port.buffers()
-        self.mailbox = self.mailbox.numpy()
+        mailbox, self.x_words, self.y, self.h_buf, self.c_buf, self.mask = port.buffers()
+        self.mailbox = mailbox.numpy().view(np.uint32)
+        self.request = mailbox.view(torch.int64).numpy()  # number and command: one 8-byte word, read at once
+        assert self.mailbox.shape == (MAILBOX_WORDS,)
         self.cell, self.nonlinearity, self.layers, self.dtype = cell, nonlinearity, layer_weights, dtype
-        self.stall, self.stopped, self.commands = stall, False, []
+        self.stall, self.stopped, self.commands, self.errors = stall, False, [], []
+        self.ctas = ctas
+        port.expect_answers(ctas)
         L, B, H = self.h_buf.shape
+        self.x_shape = torch.Size([B, layer_weights[0][0].shape[1]])
         self.h = torch.zeros(L, B, H, dtype=torch.float64)
         self.c = torch.zeros(L, B, H, dtype=torch.float64)
+
+    def answer(self, seq):
+        for cta in torch.randperm(self.ctas).tolist():
+            self.mailbox[ANSWER + cta] = seq
 
     def run(self):
         self.mailbox[READY] = 1
         seen = 0
         while True:
-            seq = int(self.mailbox[REQUEST])
+            request = int(self.request[0])
+            seq, command = request & 0xFFFFFFFF, request >> 32
             if seq == seen:
                 time.sleep(20e-6)
                 continue
-            seen, command = seq, int(self.mailbox[COMMAND])
+            seen = seq
             self.commands.append(command)
             if command == STOP:
                 self.stopped = True
-                self.mailbox[RESPONSE] = seq
+                self.answer(seq)
                 return
             if self.stall:
                 continue
-            self.execute(command)
-            self.mailbox[RESPONSE] = seq
+            self.execute(command, seq)
+            self.answer(seq)
 
-    def execute(self, command):
+    def execute(self, command, seq):
         if command == STEP:
-            inp = self.x.double()
+            x, tags = x_words_values(self.x_words, self.dtype, self.x_shape)
+            tags = tags.to(torch.int64) & 0xFFFFFFFF
+            if not bool((tags == seq).all()):  # the host posts a STEP after its words
+                self.errors.append(f"STEP {seq}: input words tagged {sorted(set(tags.tolist()))}")
+            inp = x.double()
             for layer, weights in enumerate(self.layers):
                 h, c = cell_step(self.cell, self.nonlinearity, weights, inp, self.h[layer], self.c[layer])
                 self.h[layer], self.c[layer] = h.to(self.dtype).double(), c.float().double()
@@ -164,7 +190,9 @@ def fake_kernels(monkeypatch):
 
     monkeypatch.setattr(torch_prnn.Stream, "_device_for", staticmethod(lambda weight_device, device: torch.device("cpu")))
     monkeypatch.setattr(torch_prnn.Stream, "_launch", launch)
-    return kernels, stall_next
+    yield kernels, stall_next
+    errors = [error for kernel in kernels for error in kernel.errors]
+    assert not errors, errors
 
 
 def make_module(cell, input_size, hidden_size, num_layers=1, bias=True, dtype=torch.float32, device="cpu",
@@ -264,8 +292,9 @@ def test_host_side_refuses_bad_shapes(args, error, message):
 def test_host_side_buffers():
     p = port(cell="lstm", layers=2, batch=3, input_size=5, hidden=4, dtype=torch.bfloat16)
     mailbox, x, y, h, c, mask = p.buffers()
-    assert mailbox.shape == (64,) and mailbox.dtype == torch.int32 and not mailbox.any()
-    assert x.shape == (3, 5) and y.shape == (3, 4) and x.dtype == y.dtype == torch.bfloat16
+    assert mailbox.shape == (MAILBOX_WORDS,) and mailbox.dtype == torch.int32 and not mailbox.any()
+    assert x.shape == (8,) and x.dtype == torch.int64  # 30 bytes of x_t: 8 tagged words of 4 bytes
+    assert y.shape == (3, 4) and y.dtype == torch.bfloat16
     assert h.shape == c.shape == (2, 3, 4) and h.dtype == c.dtype == torch.float32
     assert mask.shape == (3,) and mask.dtype == torch.uint8
     assert mailbox.data_ptr() % 128 == 0 and x.data_ptr() % 128 == 0
@@ -324,6 +353,104 @@ def test_host_side_without_an_answer_times_out_and_breaks():
         p.step(torch.zeros(2, 3))
     with pytest.raises(RuntimeError, match="closed"):
         p.buffers()
+
+
+def answer_in_a_thread(p, answers):
+    """A thread that answers the next command posted to port p as `answers`
+    (cta -> the number it writes, given the command's; None: the command's
+    own) once it sees it; returns the thread (started)."""
+    mailbox = p.buffers()[0].numpy().view(np.uint32)
+    request = p.buffers()[0].view(torch.int64).numpy()
+    before = int(request[0])
+
+    def run():
+        deadline = time.monotonic() + 10
+        while int(request[0]) == before and time.monotonic() < deadline:
+            time.sleep(1e-5)
+        seq = int(request[0]) & 0xFFFFFFFF
+        for cta, number in answers.items():
+            mailbox[ANSWER + cta] = seq if number is None else number(seq)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_host_side_waits_for_every_cta():
+    """A command is done when every CTA's answer word holds its number: not
+    before the last, and never on a stale number."""
+    p = port(timeout=0.1)
+    p.expect_answers(4)
+    thread = answer_in_a_thread(p, {3: None, 0: None, 2: None})  # CTA 1 never answers
+    with pytest.raises(RuntimeError, match="no answer within 0.1 s"):
+        p.step(torch.zeros(2, 3))
+    thread.join()
+    p.close()
+    p = port(timeout=0.1)
+    p.expect_answers(2)
+    thread = answer_in_a_thread(p, {0: None, 1: lambda seq: seq - 1})  # CTA 1 answers the command before
+    with pytest.raises(RuntimeError, match="no answer within 0.1 s"):
+        p.get_state()
+    thread.join()
+    p.close()
+    p = port(timeout=5.0)
+    p.expect_answers(4)
+    thread = answer_in_a_thread(p, {c: None for c in (2, 0, 3, 1)})
+    assert p.step(torch.zeros(2, 3)).shape == (2, 4)
+    thread.join()
+    with pytest.raises(ValueError, match=r"ctas must be in \[1, 256\]"):
+        p.expect_answers(257)
+    p.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_host_side_tags_the_input_words(dtype):
+    """A STEP's x_t goes into words of 4 bytes each tagged with the STEP's
+    number (the kernel trusts a word by its tag), posted after them."""
+    p = port(batch=3, input_size=5, dtype=dtype, timeout=5.0)
+    mailbox, words = p.buffers()[:2]
+    request = mailbox.view(torch.int64)
+    for t in range(3):
+        x = torch.randn(3, 5).to(dtype)
+        thread = answer_in_a_thread(p, {0: None})
+        p.step(x)
+        thread.join()
+        seq = int(request[0]) & 0xFFFFFFFF
+        values, tags = x_words_values(words, dtype, x.shape)
+        assert int(request[0]) >> 32 == STEP and seq == t + 1
+        assert torch.equal(values, x) and bool((tags == seq).all())
+        assert int(mailbox[X_TAG]) == seq
+    p.close()
+
+
+def test_sequence_numbers_wrap(fake_kernels):
+    """Through the 32-bit wrap of the numbers the streamed steps still equal the sequence."""
+    module = make_module("gru", 5, 6)
+    x = torch.randn(8, 2, 5)
+    y_ref, state_ref = reference(module, x)
+    with torch_prnn.Stream(module, batch=2) as stream:
+        mailbox = stream._port.buffers()[0].numpy().view(np.uint32)
+        mailbox[POSTED] = 0xFFFFFFFF - 3  # the fake saw none of these numbers
+        ys = torch.stack([stream.step(x[t]) for t in range(8)])
+        assert int(mailbox[POSTED]) < 8  # wrapped
+        state = stream.state
+    assert rel_err(ys, y_ref) < 1e-6 and rel_err(state, state_ref) < 1e-6
+
+
+def test_step_takes_values_not_bytes(fake_kernels):
+    """What declines the hot path is stepped by its values: a negative view
+    (whose bytes are not its values), a Parameter, a non-contiguous x."""
+    module = make_module("rnn", 5, 6)
+    x = torch.randn(3, 1, 5)
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module) as stream:
+        y0 = stream.step(torch._neg_view(-x[0]))
+        y1 = stream.step(torch.nn.Parameter(x[1].clone(), requires_grad=False))
+        out = torch.empty(1, 6)
+        strided = torch.stack([x[2], x[2]], -1)[..., 0]  # [1, 5], stride 2
+        assert stream.step(strided, out=torch._neg_view(out)) is not None
+    assert rel_err(y0, y_ref[0]) < 1e-6 and rel_err(y1, y_ref[1]) < 1e-6
+    assert rel_err(-out, y_ref[2]) < 1e-6
 
 
 def test_host_side_launch_needs_pinned_buffers():
@@ -619,6 +746,30 @@ def test_cuda_gated_steps_equal_the_sequence(cell, dtype, B, I, H):
         assert rel_err(state[0], state_ref[0]) < TOL[dtype] and rel_err(state[1], state_ref[1]) < TOL[dtype]
     else:
         assert rel_err(state, state_ref) < TOL[dtype]
+
+
+@cuda_test(120)
+@pytest.mark.hang_guard(60)
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+@pytest.mark.parametrize("B, I", [(1, 1024), (3, 5), (8, 1024)])  # x_t read with the request (8 KiB, 60 B) or not
+def test_cuda_paced_steps_equal_steps_in_a_loop(cell, B, I):
+    """Steps taken in a loop (the kernel reads x_t with its polls of the
+    request) and steps more than the eager window apart (x_t read after the
+    request) give the same outputs, bit for bit, and the sequence's."""
+    module = cuda_module(cell, I, 256)
+    x = (0.5 * torch.randn(12, B, I))
+    y_ref, _ = reference(module, x)
+    with torch_prnn.Stream(module, batch=B) as stream:
+        looped = stream_sequence(stream, x)
+        stream.reset()
+        paced = []
+        for t in range(12):
+            if t % 2:
+                time.sleep(0.002)  # past the kernel's 100 us window
+            paced.append(stream.step(x[t]))
+        paced = torch.stack(paced)
+    assert torch.equal(looped, paced)
+    assert rel_err(looped, y_ref) < 1e-5
 
 
 @cuda_test(120)

@@ -344,15 +344,18 @@ prnn_status_t prnn_gated_backward_data_cuda(const prnn_problem_t *problem,
  *
  * The mailbox and the step's input and output buffers live in host-mapped
  * (pinned) memory that both sides read and write; the host half of the
- * protocol (prnn_resident_post / prnn_resident_wait) makes no CUDA call.
- *   1. the host writes what the command reads (x, the state or the reset
- *      mask), then posts the command: `command`, then `request` = the next
- *      sequence number, with a release store;
- *   2. the kernel sees the new request, runs the command on every CTA, and
- *      writes what it returns (y, or the state) before setting `response`
- *      to that sequence number;
- *   3. the host waits for `response` (with a timeout: the kernel only ends
- *      on a STOP) and then reads the result.
+ * protocol (prnn_resident_post*, prnn_resident_wait) makes no CUDA call.
+ *   1. the host writes what the command reads, then posts it: `request`,
+ *      the command's sequence number and kind in one release store. A STEP's
+ *      x_t goes into the tagged input words: each carries 4 bytes of x_t and
+ *      the STEP's sequence number, so that a word read shows by itself
+ *      whether it is current and the kernel may read x_t in the same bus
+ *      round trip as the request, before it has seen the request;
+ *   2. the kernel sees the new request, runs the command on every CTA; each
+ *      CTA writes its part of what the command returns (y, or the state)
+ *      and then sets its own answer word to the sequence number (release);
+ *   3. the host waits until every CTA's answer word holds that number (with
+ *      a timeout: the kernel only ends on a STOP), then reads the result.
  * One command is in flight at a time. Sequence numbers are compared for
  * equality only, so they may wrap.
  *
@@ -374,22 +377,24 @@ typedef enum prnn_resident_command {
   PRNN_RESIDENT_STOP = 5        /* answer, then end the kernel */
 } prnn_resident_command_t;
 
-/* Alignment of the mailbox (its two halves are 128-byte lines). */
+/* Alignment of the mailbox (its parts are 128-byte lines). */
 #define PRNN_RESIDENT_MAILBOX_ALIGNMENT 128
+/* The most CTAs a resident launch has: one answer word each. */
+#define PRNN_RESIDENT_MAX_CTAS 256
 
 /* The mailbox: host-mapped memory, PRNN_RESIDENT_MAILBOX_ALIGNMENT-aligned,
  * zeroed by prnn_resident_mailbox_init before the launch. */
 typedef struct prnn_resident_mailbox {
   /* written by the host */
-  uint32_t request;          /* sequence number of the latest command (0: none yet) */
-  uint32_t command;          /* that command (prnn_resident_command_t), written before request;
-                                the kernel reads the two words in one 8-byte load */
+  uint64_t request;          /* the latest command: its sequence number (low 32 bits; 0: none yet) and
+                                its prnn_resident_command_t (high 32 bits), one store */
   uint32_t posted;           /* host-only: the last sequence number posted */
-  uint32_t host_pad[29];
+  uint32_t x_tag;            /* host-only: the sequence number the input words carry (the last STEP's) */
+  uint32_t host_pad[28];
   /* written by the kernel */
-  uint32_t response;         /* sequence number of the last command done */
   uint32_t ready;            /* nonzero once the weights are on chip and the kernel waits for commands */
-  uint32_t kernel_pad[30];
+  uint32_t kernel_pad[31];
+  uint32_t answer[PRNN_RESIDENT_MAX_CTAS]; /* answer[c]: sequence number of the last command CTA c finished */
 } prnn_resident_mailbox_t;
 
 /* The problem of a resident launch. */
@@ -401,7 +406,8 @@ typedef struct prnn_resident_problem {
   int64_t batch;                /* B >= 1 */
   int64_t input;                /* I >= 1: width of x */
   int64_t hidden;               /* H >= 1 */
-  int64_t max_ctas;             /* >= 1: the most CTAs (SMs) the launch may hold */
+  int64_t max_ctas;             /* >= 1: the most CTAs (SMs) the launch may hold; plans take at most
+                                   PRNN_RESIDENT_MAX_CTAS */
 } prnn_resident_problem_t;
 
 /* One layer's weights (G gates a unit: 1 Elman, 4 LSTM, 3 GRU; in_l = input for
@@ -422,8 +428,8 @@ typedef struct prnn_resident_layer {
 typedef struct prnn_resident_args {
   prnn_resident_layer_t layer[PRNN_RESIDENT_MAX_LAYERS]; /* the first problem->layers */
   prnn_resident_mailbox_t *mailbox;
-  const void *x;             /* batch x input, contiguous, 16-byte aligned: a STEP's x_t (read in
-                                16-byte words, up to 15 bytes past its end) */
+  const uint64_t *x_words;   /* prnn_resident_x_words(batch x input x element size) tagged words,
+                                16-byte aligned: a STEP's x_t (prnn_resident_post_step) */
   void *y;                   /* batch x hidden, contiguous: a STEP's y_t (the top layer's h_t) */
   float *h;                  /* layers x batch x hidden, contiguous, float32: SET_STATE / GET_STATE's h */
   float *c;                  /* LSTM: layers x batch x hidden, float32, likewise for c; else NULL */
@@ -460,12 +466,20 @@ prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem,
 /* The host half of the protocol: plain memory accesses, no CUDA call, in
  * every build. A mailbox has one host thread posting at a time. */
 void prnn_resident_mailbox_init(prnn_resident_mailbox_t *mailbox);
-/* Posts a command (after the host has written what it reads); returns its
- * sequence number. */
+/* Tagged input words for x_bytes of x_t: one for every 4 bytes, an even
+ * number (the kernel reads them in pairs). */
+size_t prnn_resident_x_words(size_t x_bytes);
+/* Writes x_t (x_bytes, zero-padded to the words) into the tagged words
+ * x_words (prnn_resident_x_words(x_bytes) of them), each with the STEP's
+ * sequence number, and posts the STEP; returns its sequence number. */
+uint32_t prnn_resident_post_step(prnn_resident_mailbox_t *mailbox, uint64_t *x_words, const void *x,
+                                 size_t x_bytes);
+/* Posts a command other than a STEP (after the host has written what it
+ * reads); returns its sequence number. */
 uint32_t prnn_resident_post(prnn_resident_mailbox_t *mailbox, prnn_resident_command_t command);
-/* Waits up to timeout_ns (>= 0; 0 looks once) for the answer to command `seq`;
- * nonzero when it came. */
-int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int64_t timeout_ns);
+/* Waits up to timeout_ns (>= 0; 0 looks once) until the answer words of CTAs
+ * [0, ctas) all hold `seq`; nonzero when they do. */
+int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int ctas, int64_t timeout_ns);
 /* Nonzero once the kernel reported ready. */
 int prnn_resident_is_ready(const prnn_resident_mailbox_t *mailbox);
 

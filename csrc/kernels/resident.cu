@@ -13,20 +13,21 @@
  * CTA also keeps its own units' h (and an LSTM's c) in shared memory.
  *
  * A command, as CTAs see it:
- *   CTA 0's thread 0 polls the mailbox (host memory) for a new request; for a
- *   STEP, CTA 0 copies x_t into device memory (16-byte reads, all in flight);
- *   then it relays the command through a device word that the other CTAs
- *   poll (L2);
+ *   CTA 0 polls the mailbox (host memory) for a new request - soon after an
+ *   answer, reading x_t's tagged words with each poll, so that a STEP's
+ *   input arrives with its request - and copies a STEP's x_t into device
+ *   memory; then it relays the command through a device word that the other
+ *   CTAs poll (L2);
  *   STEP: for each layer, stage its input (x_t, or the layer below's h_t from
  *   L2), multiply the input side (a warp per row), add the recurrent side
  *   computed after the previous command, apply the cell, publish h_t (the top
  *   layer also into y in host memory); layers are separated by a grid-wide
  *   arrival barrier;
- *   every CTA arrives on a counter; the last to arrive answers in the mailbox.
- *   After a command that changed the state every CTA waits for all arrivals
- *   and multiplies W_hh by the new state for the next step: the recurrent
- *   half of a step runs while the host turns the answer around, not after the
- *   next request.
+ *   every CTA answers in its own word of the mailbox once its part is
+ *   written. After a command that changed the state every CTA arrives on a
+ *   counter, waits for all arrivals and multiplies W_hh by the new state for
+ *   the next step: the recurrent half of a step runs while the host turns
+ *   the answer around, not after the next request.
  *
  * No watchdog: a stream may idle for hours between commands. The host waits
  * with a timeout instead, and a STOP ends the kernel.
@@ -51,6 +52,12 @@ const int kLoadsInFlight = 8;   /* loads a thread issues before it stores what t
  * rows a CTA a shorter product; the least grid that fits comes first. */
 const size_t kTargetCtaWeightBytes = 64 * 1024;
 const int kMaxDevices = 64;
+/* CTA 0 reads x_t's words with every poll of the request only this soon
+ * after its last answer (a stream stepped in a loop) and only for an x_t of
+ * at most kEagerPairsPerThread pairs of words a thread (16 KiB of words, 8
+ * KiB of x_t): each such poll reads all of them over the bus. */
+const unsigned long long kEagerPollNs = 100 * 1000;
+const int kEagerPairsPerThread = 4;
 
 __host__ __device__ inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -98,12 +105,13 @@ struct ResidentParams {
   int tile;                         /* sequences staged at once */
   prnn_resident_layer_t layer[PRNN_RESIDENT_MAX_LAYERS];
   prnn_resident_mailbox_t *mailbox; /* host-mapped */
-  const void *x;                    /* host-mapped, batch x input */
+  const unsigned long long *x_words; /* host-mapped: x_t's tagged words (prnn.h), in pairs */
+  int x_pairs;
   void *y;                          /* host-mapped, batch x hidden */
   float *h_host, *c_host;           /* host-mapped, layers x batch x hidden */
   const uint8_t *mask;              /* host-mapped, batch */
   Control *control;                 /* device workspace */
-  void *x_relay;                    /* device workspace: a copy of x (batch x input elements) */
+  void *x_relay;                    /* device workspace: x_t (batch x input elements), 8 bytes a pair of words */
   float *state;                     /* device workspace, 2 x layers x batch x hidden: h by parity */
 };
 
@@ -159,26 +167,27 @@ __device__ __forceinline__ int input_part(const ResidentParams &p, int l) { retu
 /* Host-mapped memory: every access at system scope, so it reaches the host's
  * memory (no stale or withheld cached copy). */
 
-/* The mailbox's request and command words (adjacent, 8-byte aligned) in one
- * load: the sequence number in the low half, the command in the high half
- * (both ends are little-endian). The host writes the command before the
- * request (release), so a load that sees the new number sees its command. */
+/* The mailbox's request: the sequence number in the low half, the command
+ * in the high half, one 8-byte word the host writes in one store. Relaxed:
+ * a poll must not hold back the loads of x_t's words issued with it (a STEP
+ * needs no ordering, its words carry their number); fence_acquire_sys makes
+ * it an acquire for the other commands. */
 __device__ __forceinline__ unsigned long long host_load_request(const prnn_resident_mailbox_t *m) {
   unsigned long long v;
-  asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(&m->request) : "memory");
+  asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(&m->request) : "memory");
   return v;
 }
-static_assert(offsetof(prnn_resident_mailbox_t, request) % 8 == 0 &&
-                  offsetof(prnn_resident_mailbox_t, command) == offsetof(prnn_resident_mailbox_t, request) + 4,
-              "the kernel reads the mailbox's request and command in one 8-byte load");
+__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" : : : "memory"); }
+/* Two tagged words of x_t: each 8-byte half is read whole (a vector access is
+ * one access per element), which is what makes its tag vouch for its payload. */
+__device__ __forceinline__ ulonglong2 host_load_pair(const unsigned long long *p) {
+  ulonglong2 v;
+  asm volatile("ld.relaxed.sys.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ unsigned host_load_u8(const uint8_t *p) {
   unsigned short v;
   asm volatile("ld.relaxed.sys.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint4 host_load_v4(const uint4 *p) {
-  uint4 v;
-  asm volatile("ld.relaxed.sys.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 __device__ __forceinline__ float host_load(const float *p) {
@@ -197,6 +206,11 @@ __device__ __forceinline__ void host_store(__nv_bfloat16 *p, __nv_bfloat16 v) { 
 __device__ __forceinline__ void host_store(__half *p, __half v) { host_store_u16(p, __half_as_ushort(v)); }
 __device__ __forceinline__ void host_store_release(uint32_t *p, unsigned v) {
   asm volatile("st.release.sys.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 /* Device words shared by the CTAs, at GPU scope (L2). */
@@ -345,21 +359,75 @@ __device__ void stage(const S *src, int width, int b0, int nb, int K, float *sta
   }
 }
 
-/* CTA 0's copy of a STEP's x from host memory into the device's x_relay: 16
- * bytes a load, kLoadsInFlight loads in flight a thread, so the copy costs
- * about one round trip over the bus. */
-__device__ void relay_input(const ResidentParams &p, size_t bytes) {
-  const int words = (int)((bytes + 15) / 16);
-  const uint4 *src = static_cast<const uint4 *>(p.x);
-  uint4 *dst = static_cast<uint4 *>(p.x_relay);
-  for (int w0 = threadIdx.x; w0 < words; w0 += kLoadsInFlight * blockDim.x) {
-    uint4 v[kLoadsInFlight];
+/* x_t's tagged words (prnn.h), a pair at a time. */
+__device__ __forceinline__ bool is_current(const ulonglong2 &v, unsigned seq) {
+  return (unsigned)(v.x >> 32) == seq && (unsigned)(v.y >> 32) == seq;
+}
+/* Pair `pair` of x_t into x_relay, from v re-read until both words carry seq
+ * (a poll may read a word before the host wrote it). */
+__device__ __forceinline__ void settle_pair(const ResidentParams &p, int pair, unsigned seq, ulonglong2 v) {
+  while (!is_current(v, seq)) v = host_load_pair(p.x_words + 2 * (size_t)pair);
+  reinterpret_cast<uint2 *>(p.x_relay)[pair] = make_uint2((unsigned)v.x, (unsigned)v.y);
+}
+
+/* CTA 0's copy of a STEP's x_t into x_relay when no poll read it: every
+ * thread kLoadsInFlight pairs in flight, so the copy costs about one round
+ * trip over the bus. */
+__device__ void take_input(const ResidentParams &p, unsigned seq) {
+  for (int i0 = threadIdx.x; i0 < p.x_pairs; i0 += kLoadsInFlight * blockDim.x) {
+    ulonglong2 v[kLoadsInFlight];
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i)
-      if (w0 + i * blockDim.x < words) v[i] = host_load_v4(src + w0 + i * blockDim.x);
+      if (i0 + i * blockDim.x < p.x_pairs) v[i] = host_load_pair(p.x_words + 2 * (size_t)(i0 + i * blockDim.x));
 #pragma unroll
     for (int i = 0; i < kLoadsInFlight; ++i)
-      if (w0 + i * blockDim.x < words) dst[w0 + i * blockDim.x] = v[i];
+      if (i0 + i * blockDim.x < p.x_pairs) settle_pair(p, i0 + i * blockDim.x, seq, v[i]);
+  }
+}
+
+/* CTA 0, every thread: waits for the request after `seen` (its number and
+ * kind into s_seq, s_command) and copies a STEP's x_t into x_relay. Within
+ * kEagerPollNs of the last answer (answered_ns, thread 0's) every poll also
+ * reads x_t's words, so that a STEP finds its input already read: one round
+ * trip over the bus instead of two. */
+__device__ void take_request(const ResidentParams &p, unsigned seen, unsigned long long answered_ns, unsigned *s_seq,
+                             unsigned *s_command, unsigned *s_eager) {
+  const bool small = p.x_pairs <= kEagerPairsPerThread * (int)blockDim.x;
+  ulonglong2 v[kEagerPairsPerThread];
+  bool eager;
+  for (;;) {
+    if (threadIdx.x == 0) *s_eager = small && global_ns() - answered_ns < kEagerPollNs;
+    __syncthreads();
+    eager = *s_eager != 0;
+    if (eager) { /* issued before the request's load: no load waits for another */
+#pragma unroll
+      for (int i = 0; i < kEagerPairsPerThread; ++i) {
+        const int pair = threadIdx.x + i * blockDim.x;
+        if (pair < p.x_pairs) v[i] = host_load_pair(p.x_words + 2 * (size_t)pair);
+      }
+    }
+    bool found = false;
+    if (threadIdx.x == 0) {
+      const unsigned long long word = host_load_request(p.mailbox);
+      if ((unsigned)word != seen) {
+        *s_seq = (unsigned)word;
+        *s_command = (unsigned)(word >> 32);
+        found = true;
+      }
+    }
+    if (__syncthreads_or(found)) break;
+  }
+  const unsigned seq = *s_seq;
+  if (*s_command != PRNN_RESIDENT_STEP) {
+    if (threadIdx.x == 0) fence_acquire_sys(); /* the state or mask the host wrote before the request */
+  } else if (eager) {
+#pragma unroll
+    for (int i = 0; i < kEagerPairsPerThread; ++i) {
+      const int pair = threadIdx.x + i * blockDim.x;
+      if (pair < p.x_pairs) settle_pair(p, pair, seq, v[i]);
+    }
+  } else {
+    take_input(p, seq);
   }
 }
 
@@ -428,7 +496,7 @@ __device__ void multiply_state(const ResidentParams &p, const Smem<E> &s, int pa
  * `parity` becomes h_t in buffer parity ^ 1, y gets the top layer's h_t. */
 template <class Cell, typename E>
 __device__ void run_step(const ResidentParams &p, const Smem<E> &s, int parity, int u0, int units, unsigned *phase,
-                         unsigned *s_last, bool *wrote_host) {
+                         unsigned *s_last) {
   const int G = Cell::kGates, U = p.units, R = G * U, B = p.batch, H = p.hidden, L = p.layers;
   float *next = p.state + (size_t)(parity ^ 1) * L * B * H;
   E *y = static_cast<E *>(p.y);
@@ -456,10 +524,7 @@ __device__ void run_step(const ResidentParams &p, const Smem<E> &s, int parity, 
         s.own_h[c] = h;
         if (Cell::kCarriesCell) s.cell[c] = carry;
         next[((size_t)l * B + b) * H + u] = h;
-        if (l == L - 1) {
-          host_store(y + (size_t)b * H + u, out);
-          *wrote_host = true;
-        }
+        if (l == L - 1) host_store(y + (size_t)b * H + u, out);
       }
       __syncthreads();
     }
@@ -474,7 +539,7 @@ __device__ void run_step(const ResidentParams &p, const Smem<E> &s, int parity, 
  * `parity`, the new one (SET_STATE, RESET) into parity ^ 1. */
 template <class Cell, typename E>
 __device__ void run_state_command(const ResidentParams &p, const Smem<E> &s, unsigned command, int parity, int u0,
-                                  int units, bool *wrote_host) {
+                                  int units) {
   const int U = p.units, B = p.batch, H = p.hidden, L = p.layers;
   float *next = p.state + (size_t)(parity ^ 1) * L * B * H;
   for (int idx = threadIdx.x; idx < L * B * units; idx += blockDim.x) {
@@ -484,7 +549,6 @@ __device__ void run_state_command(const ResidentParams &p, const Smem<E> &s, uns
     if (command == PRNN_RESIDENT_GET_STATE) {
       host_store(p.h_host + o, s.own_h[c]);
       if (Cell::kCarriesCell) host_store(p.c_host + o, s.cell[c]);
-      *wrote_host = true;
       continue;
     }
     if (command == PRNN_RESIDENT_SET_STATE) {
@@ -500,19 +564,10 @@ __device__ void run_state_command(const ResidentParams &p, const Smem<E> &s, uns
 
 /* The next command's number and kind, in every thread of every CTA. CTA 0
  * takes it from the mailbox (and relays a STEP's x_t), the others from CTA 0. */
-template <typename E>
-__device__ unsigned next_command(const ResidentParams &p, unsigned seen, unsigned *s_seq, unsigned *s_command) {
+__device__ unsigned next_command(const ResidentParams &p, unsigned seen, unsigned long long answered_ns,
+                                 unsigned *s_seq, unsigned *s_command, unsigned *s_eager) {
   if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) {
-      unsigned long long word; /* one load over the bus a poll: the number and the command together */
-      do {
-        word = host_load_request(p.mailbox);
-      } while ((unsigned)word == seen);
-      *s_seq = (unsigned)word;
-      *s_command = (unsigned)(word >> 32);
-    }
-    __syncthreads();
-    if (*s_command == PRNN_RESIDENT_STEP) relay_input(p, (size_t)p.batch * p.input * sizeof(E));
+    take_request(p, seen, answered_ns, s_seq, s_command, s_eager);
     __syncthreads();
     if (threadIdx.x == 0) /* release: the relayed x_t (ordered before by the barrier) before the command */
       store_release(&p.control->go_command, (unsigned long long)*s_command << 32 | *s_seq);
@@ -535,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1) resident_kernel(const ResidentPar
   const SmemLayout lay = smem_layout(Cell::kGates, Cell::kCarriesCell, sizeof(E), p.layers, p.batch, U, p.kx0, p.kh,
                                      p.tile);
   unsigned *words = reinterpret_cast<unsigned *>(smem + lay.words);
-  unsigned *s_seq = words, *s_command = words + 1, *s_last = words + 2;
+  unsigned *s_seq = words, *s_command = words + 1, *s_last = words + 2, *s_eager = words + 3;
   Smem<E> s;
   s.weights = reinterpret_cast<E *>(smem + lay.weights);
   s.bias_x = reinterpret_cast<float *>(smem + lay.bias_x);
@@ -560,25 +615,31 @@ __global__ void __launch_bounds__(kThreads, 1) resident_kernel(const ResidentPar
     host_store_release(&p.mailbox->ready, 1u);
 
   unsigned seen = 0;
+  unsigned long long answered_ns = global_ns(); /* thread 0's: when this CTA last answered */
   int parity = 0;
   for (;;) {
-    const unsigned command = next_command<E>(p, seen, s_seq, s_command);
+    const unsigned command = next_command(p, seen, answered_ns, s_seq, s_command, s_eager);
     seen = *s_seq;
-    bool wrote_host = false, changed = false;
+    bool changed = false;
     if (command == PRNN_RESIDENT_STEP) {
-      run_step<Cell, E>(p, s, parity, u0, units, &phase, s_last, &wrote_host);
+      run_step<Cell, E>(p, s, parity, u0, units, &phase, s_last);
       changed = true;
     } else if (command == PRNN_RESIDENT_SET_STATE || command == PRNN_RESIDENT_GET_STATE ||
                command == PRNN_RESIDENT_RESET) {
-      run_state_command<Cell, E>(p, s, command, parity, u0, units, &wrote_host);
+      run_state_command<Cell, E>(p, s, command, parity, u0, units);
       changed = command != PRNN_RESIDENT_GET_STATE;
     }
-    if (wrote_host) __threadfence_system(); /* this thread's host writes before the answer */
-    /* The last CTA to arrive acquired every CTA's writes; its release store
-     * passes them on to the host with the answer. */
-    if (arrive(p, ++phase, s_last) && threadIdx.x == 0) host_store_release(&p.mailbox->response, seen);
+    /* Each CTA answers for itself: the barrier orders its threads' writes (its
+     * part of y or of the state) before thread 0's release, which passes them
+     * on to the host with the answer - no grid-wide barrier on the way back. */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      host_store_release(&p.mailbox->answer[blockIdx.x], seen);
+      answered_ns = global_ns();
+    }
     if (command == PRNN_RESIDENT_STOP) return;
-    if (changed) {
+    if (changed) { /* every CTA's part of the new state written before any multiplies by it */
+      arrive(p, ++phase, s_last);
       parity ^= 1;
       wait_phase(p, phase);
       multiply_state<Cell, E>(p, s, parity, units);
@@ -673,6 +734,11 @@ prnn_status_t check_problem(const prnn_resident_problem_t *pb) {
   return PRNN_STATUS_SUCCESS;
 }
 
+/* Pairs of x_t's tagged words. */
+size_t x_pairs(const prnn_resident_problem_t *pb) {
+  return prnn_resident_x_words((size_t)pb->batch * pb->input * prnn_dtype_size(pb->dtype)) / 2;
+}
+
 /* A planned launch. */
 struct ResidentLaunch {
   ResidentKernel kernel;
@@ -714,7 +780,8 @@ prnn_status_t plan_resident(const prnn_resident_problem_t *pb, int device, Resid
   }
   const int most_units = lo;
   const int least_grid = (H + most_units - 1) / most_units;
-  const int64_t allowed = pb->max_ctas < dev.sms ? pb->max_ctas : dev.sms;
+  int64_t allowed = pb->max_ctas < dev.sms ? pb->max_ctas : dev.sms;
+  if (allowed > PRNN_RESIDENT_MAX_CTAS) allowed = PRNN_RESIDENT_MAX_CTAS; /* one answer word each */
   if (least_grid > allowed)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
                      "the weights need at least %d CTAs (one an SM, %d units each) to fit in shared memory; %lld "
@@ -740,19 +807,20 @@ prnn_status_t plan_resident(const prnn_resident_problem_t *pb, int device, Resid
                      l->smem_bytes);
   const size_t kWorkspaceAlign = 256;
   l->x_relay_offset = align_up(sizeof(Control), kWorkspaceAlign);
-  l->state_offset = align_up(l->x_relay_offset + (size_t)pb->batch * pb->input * prnn_dtype_size(pb->dtype),
-                             kWorkspaceAlign);
+  l->state_offset = align_up(l->x_relay_offset + x_pairs(pb) * 8, kWorkspaceAlign);
   l->workspace_bytes = l->state_offset + 2 * (size_t)pb->layers * pb->batch * pb->hidden * sizeof(float);
   return PRNN_STATUS_SUCCESS;
 }
 
 prnn_status_t check_args(const prnn_resident_problem_t *pb, const prnn_resident_args_t *a) {
   if (a == NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "args is NULL");
-  if (a->mailbox == NULL || a->x == NULL || a->y == NULL || a->h == NULL || a->mask == NULL)
-    return prnn_fail(PRNN_STATUS_BAD_PARAM, "mailbox, x, y, h and mask must not be NULL");
+  if (a->mailbox == NULL || a->x_words == NULL || a->y == NULL || a->h == NULL || a->mask == NULL)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "mailbox, x_words, y, h and mask must not be NULL");
   if ((uintptr_t)a->mailbox % PRNN_RESIDENT_MAILBOX_ALIGNMENT != 0)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "mailbox must be aligned to %d bytes, got %p",
                      PRNN_RESIDENT_MAILBOX_ALIGNMENT, (const void *)a->mailbox);
+  if ((uintptr_t)a->x_words % 16 != 0)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "x_words must be aligned to 16 bytes, got %p", (const void *)a->x_words);
   if ((pb->cell == PRNN_CELL_LSTM) != (a->c != NULL))
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "c must be given for an LSTM and NULL otherwise");
   for (int64_t l = 0; l < pb->layers; ++l) {
@@ -817,7 +885,8 @@ prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem, 
   p.tile = l.tile;
   for (int64_t i = 0; i < problem->layers; ++i) p.layer[i] = args->layer[i];
   p.mailbox = args->mailbox;
-  p.x = args->x;
+  p.x_words = reinterpret_cast<const unsigned long long *>(args->x_words);
+  p.x_pairs = (int)x_pairs(problem);
   p.y = args->y;
   p.h_host = args->h;
   p.c_host = args->c;

@@ -1,6 +1,7 @@
 // prnn_stream.cpp - the host side of a stream, torch.classes.prnn.ResidentStream:
-// the buffers both ends share, a step as one crossing from Python (copy x in,
-// post, wait, copy y out), the state commands, and closing. What answers the
+// the buffers both ends share, a step as one crossing from Python (x into its
+// tagged words, post, wait for every CTA's answer, copy y out), the state
+// commands, and closing. What answers the
 // mailbox is a resident kernel (launch(), CUDA builds) or, in tests of this
 // side alone, whoever writes its answer words.
 //
@@ -13,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -228,6 +230,7 @@ class ResidentStream : public torch::CustomClassHolder {
     std::vector<int64_t> plan;
     kernel_ = launch_resident(shape_, buffers_, weights, bias, device, max_sms, &plan);
     device_index_ = device;
+    answering_ctas_ = (int)plan[0];  // every CTA answers each command
     const Clock::time_point start = Clock::now();
     while (!prnn_resident_is_ready(buffers_.mailbox)) {
       std::string why = kernel_->check_running();
@@ -255,18 +258,28 @@ class ResidentStream : public torch::CustomClassHolder {
 
   at::Tensor step(const at::Tensor& x) { return run_step(x, nullptr); }
 
-  // The hot path of a step (_C._stream_step): x and y are the data of
-  // contiguous CPU tensors of the stream's dtype, batch x input and batch x
-  // hidden (or input and hidden for a batch of one), which the caller checked.
-  // Returns "" or the error.
-  std::string step_raw(const void* x, void* y) noexcept {
+  // The hot path of a step (_C._stream_step): x and out as TensorImpls (a
+  // tensor's _cdata; the caller keeps them alive). Steps when both are plain
+  // CPU tensors of the stream's dtype, contiguous, x [batch, input] and out
+  // [batch, hidden] (or [input] and [hidden] for a batch of one): returns
+  // kStepped. kNotPlain for anything else (the caller goes the checked way,
+  // step / step_into); else the error.
+  static constexpr const char* kStepped = "";
+  static constexpr const char* kNotPlain = "not plain";
+  std::string step_raw(const c10::TensorImpl* x, c10::TensorImpl* out) noexcept {
     try {
+      const int64_t B = shape_.batch;
+      const bool batched = x->dim() == 2;
+      const std::array<int64_t, 2> x_shape{B, shape_.input}, out_shape{B, shape_.hidden};
+      const size_t skip = batched ? 0 : 1;  // unbatched: [input] and [hidden]
+      if ((!batched && B != 1) || !plain_cpu(*x, at::IntArrayRef(x_shape).slice(skip)) ||
+          !plain_cpu(*out, at::IntArrayRef(out_shape).slice(skip)))
+        return kNotPlain;
       std::lock_guard<std::mutex> lock(mutex_);
       check_usable("Stream.step");
-      std::memcpy(buffers_.x, x, x_bytes_);
-      command(PRNN_RESIDENT_STEP, "Stream.step");
-      std::memcpy(y, buffers_.y, y_bytes_);
-      return "";
+      await(prnn_resident_post_step(buffers_.mailbox, buffers_.x_words, x->data(), x_bytes_), "Stream.step");
+      std::memcpy(out->mutable_data(), buffers_.y, y_bytes_);
+      return kStepped;
     } catch (const c10::Error& e) {
       return e.what_without_backtrace();
     } catch (const std::exception& e) {
@@ -282,7 +295,7 @@ class ResidentStream : public torch::CustomClassHolder {
   std::vector<at::Tensor> get_state() {
     std::lock_guard<std::mutex> lock(mutex_);
     check_usable("Stream.state");
-    command(PRNN_RESIDENT_GET_STATE, "Stream.state");
+    await(prnn_resident_post(buffers_.mailbox, PRNN_RESIDENT_GET_STATE), "Stream.state");
     std::vector<at::Tensor> state{h_view_.clone()};
     if (c_view_.defined()) state.push_back(c_view_.clone());
     return state;
@@ -313,7 +326,7 @@ class ResidentStream : public torch::CustomClassHolder {
     }
     h_view_.copy_(values[0]);
     if (lstm) c_view_.copy_(values[1]);
-    command(PRNN_RESIDENT_SET_STATE, "Stream.set_state");
+    await(prnn_resident_post(buffers_.mailbox, PRNN_RESIDENT_SET_STATE), "Stream.set_state");
   }
 
   // Zeroes the state of the sequences b with mask[b] (bool [batch], on the CPU
@@ -328,7 +341,7 @@ class ResidentStream : public torch::CustomClassHolder {
                       mask.defined() ? mask.sizes() : at::IntArrayRef{});
     check_device("Stream.reset", "mask", mask);
     mask_view_.copy_(host_copy(mask).to(at::kByte));
-    command(PRNN_RESIDENT_RESET, "Stream.reset");
+    await(prnn_resident_post(buffers_.mailbox, PRNN_RESIDENT_RESET), "Stream.reset");
   }
 
   // Ends the kernel (a STOP, then its end) and releases what the stream holds.
@@ -350,12 +363,21 @@ class ResidentStream : public torch::CustomClassHolder {
   }
 
   // The shared buffers as tensors (views, not copies), for tests of the host
-  // side that answer the mailbox themselves: [mailbox as int32 [64], x, y, h,
-  // c (LSTM; else empty), mask].
+  // side that answer the mailbox themselves: [mailbox as int32, x_t's tagged
+  // words as int64, y, h, c (LSTM; else empty), mask].
   std::vector<at::Tensor> buffers() {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(state_ != State::kClosed, "Stream.buffers: the stream is closed");
-    return {mailbox_view_, x_view_, y_view_, h_view_, c_view_.defined() ? c_view_ : at::empty({0}), mask_view_};
+    return {mailbox_view_, x_words_view_, y_view_, h_view_, c_view_.defined() ? c_view_ : at::empty({0}), mask_view_};
+  }
+
+  // How many answer words a command waits for (the kernel's CTAs; set by
+  // launch), for tests of the host side that answer as several CTAs.
+  void expect_answers(int64_t ctas) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK_VALUE(ctas >= 1 && ctas <= PRNN_RESIDENT_MAX_CTAS, "Stream.expect_answers: ctas must be in [1, ",
+                      PRNN_RESIDENT_MAX_CTAS, "], got ", ctas);
+    answering_ctas_ = (int)ctas;
   }
 
  private:
@@ -366,7 +388,8 @@ class ResidentStream : public torch::CustomClassHolder {
     const size_t elem = c10::elementSize(s.scalar_type);
     const size_t B = s.batch, I = s.input, H = s.hidden, L = s.layers;
     const bool lstm = s.cell == PRNN_CELL_LSTM;
-    const size_t sizes[] = {piece(sizeof(prnn_resident_mailbox_t)), piece(B * I * elem), piece(B * H * elem),
+    const size_t x_words = prnn_resident_x_words(B * I * elem);
+    const size_t sizes[] = {piece(sizeof(prnn_resident_mailbox_t)), piece(x_words * 8), piece(B * H * elem),
                             piece(L * B * H * sizeof(float)), lstm ? piece(L * B * H * sizeof(float)) : 0,
                             piece(B)};
     size_t total = 0;
@@ -383,7 +406,7 @@ class ResidentStream : public torch::CustomClassHolder {
       return v;
     };
     mailbox_view_ = view(0, at::kInt, {(int64_t)(sizeof(prnn_resident_mailbox_t) / 4)});
-    x_view_ = view(1, s.scalar_type, {s.batch, s.input});
+    x_words_view_ = view(1, at::kLong, {(int64_t)x_words});
     y_view_ = view(2, s.scalar_type, {s.batch, s.hidden});
     h_view_ = view(3, at::kFloat, {s.layers, s.batch, s.hidden});
     if (lstm) c_view_ = view(4, at::kFloat, {s.layers, s.batch, s.hidden});
@@ -391,7 +414,7 @@ class ResidentStream : public torch::CustomClassHolder {
     mask_view_ = view(5, at::kByte, {s.batch});
     buffers_.storage = storage;
     buffers_.mailbox = reinterpret_cast<prnn_resident_mailbox_t*>(mailbox_view_.data_ptr());
-    buffers_.x = x_view_.data_ptr();
+    buffers_.x_words = reinterpret_cast<uint64_t*>(x_words_view_.data_ptr());
     buffers_.y = y_view_.data_ptr();
     buffers_.h = h_view_.data_ptr<float>();
     buffers_.c = lstm ? c_view_.data_ptr<float>() : nullptr;
@@ -404,6 +427,15 @@ class ResidentStream : public torch::CustomClassHolder {
   void check_usable(const char* what) const {
     TORCH_CHECK(state_ != State::kClosed, what, ": the stream is closed");
     TORCH_CHECK(state_ != State::kBroken, what, ": the stream is broken (", broken_, "); close() it and open a new one");
+  }
+
+  // Whether t is a CPU tensor of the stream's dtype and `shape` whose bytes
+  // are its values in order: contiguous, strided, no negative or conjugate
+  // view, no wrapper (what step_raw copies with a memcpy).
+  bool plain_cpu(const c10::TensorImpl& t, at::IntArrayRef shape) const {
+    return t.is_cpu() && t.layout() == at::kStrided && t.has_storage() && !t.is_python_dispatch() && !t.is_neg() &&
+           !t.is_conj() && !t.has_symbolic_sizes_strides() && t.dtype() == c10::scalarTypeToTypeMeta(shape_.scalar_type) &&
+           t.sizes() == shape && t.is_contiguous() && t.data() != nullptr;
   }
 
   void check_device(const char* what, const char* name, const at::Tensor& t) const {
@@ -442,15 +474,16 @@ class ResidentStream : public torch::CustomClassHolder {
                         out->strides());
     }
 
-    // Copies to the host; from the GPU on the current stream, waited for, and never by a kernel.
-    if (x.device().is_cpu() && x.is_contiguous()) std::memcpy(buffers_.x, x.const_data_ptr(), x_bytes_);
-    else if (x.device().is_cuda() && x.is_contiguous()) x_view_.copy_(x);
-    else x_view_.copy_(host_copy(x));
-    command(PRNN_RESIDENT_STEP, what);
+    // x_t's values in order on the host: from the GPU by a copy on the current stream, waited for, and never
+    // by a kernel (host_copy); resolve_neg: a negative view's bytes are not its values.
+    const at::Tensor x_host = host_copy(x).resolve_neg().contiguous();
+    await(prnn_resident_post_step(buffers_.mailbox, buffers_.x_words, x_host.const_data_ptr(), x_bytes_), what);
 
     const at::Tensor y = unbatched ? y_view_[0] : y_view_;
     if (out != nullptr) {
-      if (out->device().is_cpu() && out->is_contiguous()) std::memcpy(out->mutable_data_ptr(), buffers_.y, y_bytes_);
+      // A negative view takes its values by copy_ (its bytes are their negation).
+      if (out->device().is_cpu() && out->is_contiguous() && !out->is_neg())
+        std::memcpy(out->mutable_data_ptr(), buffers_.y, y_bytes_);
       else if (out->device().is_cpu() || out->is_contiguous()) out->copy_(y);
       else write_dense(*out, y);
       return *out;
@@ -463,11 +496,11 @@ class ResidentStream : public torch::CustomClassHolder {
     return y.to(x.device());  // from pinned memory, waited for: the buffer is reused next step
   }
 
-  // Posts a command and waits for its answer; raises (and breaks the stream)
-  // when none comes within the timeout or the kernel stopped running.
-  void command(prnn_resident_command_t command, const char* what) {
+  // Waits for the answer to the command posted as `seq`; raises (and breaks
+  // the stream) when none comes within the timeout or the kernel stopped running.
+  void await(uint32_t seq, const char* what) {
     std::string why;
-    if (!answered(prnn_resident_post(buffers_.mailbox, command), timeout_s_, &why)) {
+    if (!answered(seq, timeout_s_, &why)) {
       state_ = State::kBroken;
       broken_ = why;
       TORCH_CHECK(false, what, ": ", why);
@@ -478,18 +511,18 @@ class ResidentStream : public torch::CustomClassHolder {
   // none came.
   bool answered(uint32_t seq, double timeout_s, std::string* why) {
     const prnn_resident_mailbox_t* mailbox = buffers_.mailbox;
-    if (prnn_resident_wait(mailbox, seq, kQuickWaitNs)) return true;
+    if (prnn_resident_wait(mailbox, seq, answering_ctas_, kQuickWaitNs)) return true;
     const Clock::time_point start = Clock::now();
     for (;;) {
       if (kernel_ != nullptr) {
         const std::string failure = kernel_->check_running();
         if (!failure.empty()) {
-          if (prnn_resident_wait(mailbox, seq, 0)) return true;  // it answered, then ended (a STOP)
+          if (prnn_resident_wait(mailbox, seq, answering_ctas_, 0)) return true;  // it answered, then ended (a STOP)
           *why = failure;
           return false;
         }
       }
-      if (prnn_resident_wait(mailbox, seq, kCheckNs)) return true;
+      if (prnn_resident_wait(mailbox, seq, answering_ctas_, kCheckNs)) return true;
       if (seconds_since(start) >= timeout_s) {
         *why = c10::str("no answer within ", timeout_s) +
                " s (the stream's timeout): the resident kernel is stalled or the GPU too busy to run it";
@@ -524,7 +557,7 @@ class ResidentStream : public torch::CustomClassHolder {
 
   // Drops the views of the buffers; gives their piece back to the pool unless its memory stays held.
   void release(bool give_back) {
-    mailbox_view_ = x_view_ = y_view_ = h_view_ = c_view_ = mask_view_ = at::Tensor();
+    mailbox_view_ = x_words_view_ = y_view_ = h_view_ = c_view_ = mask_view_ = at::Tensor();
     buffers_ = StreamBuffers{};
     if (give_back) host_pool(pinned_).give(piece_);
     piece_ = HostPool::Piece{};
@@ -537,34 +570,38 @@ class ResidentStream : public torch::CustomClassHolder {
   std::string broken_;                       // why the stream broke
   int64_t device_index_ = -1;                // the kernel's CUDA device, -1 before launch
   StreamBuffers buffers_{};
-  at::Tensor mailbox_view_, x_view_, y_view_, h_view_, c_view_, mask_view_;
+  at::Tensor mailbox_view_, x_words_view_, y_view_, h_view_, c_view_, mask_view_;
+  int answering_ctas_ = 1;                   // answer words a command waits for: the kernel's CTAs
   size_t x_bytes_ = 0, y_bytes_ = 0;
   HostPool::Piece piece_;                    // the buffers' memory, from host_pool(pinned_)
   bool pinned_ = false;
   std::unique_ptr<ResidentKernel> kernel_;
 };
 
-// _C._stream_step(handle, x_ptr, y_ptr): ResidentStream.step_raw from Python
-// in one call with plain integers, a fraction of a method call's cost; the
-// GIL is released while the kernel answers.
+// _C._stream_step(handle, x, out): ResidentStream.step_raw from Python in one
+// call with plain integers (the stream's handle, the tensors' _cdata), a
+// fraction of a method call's cost; the GIL is released while the kernel
+// answers. True once stepped; False when x and out are not what the hot path
+// takes (the caller goes the checked way).
 PyObject* stream_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "_stream_step(handle, x_ptr, y_ptr) takes 3 integers");
+    PyErr_SetString(PyExc_TypeError, "_stream_step(handle, x, out) takes 3 integers");
     return nullptr;
   }
   auto* stream = static_cast<ResidentStream*>(PyLong_AsVoidPtr(args[0]));
-  const void* x = PyLong_AsVoidPtr(args[1]);
-  void* y = PyLong_AsVoidPtr(args[2]);
+  const auto* x = static_cast<const c10::TensorImpl*>(PyLong_AsVoidPtr(args[1]));
+  auto* out = static_cast<c10::TensorImpl*>(PyLong_AsVoidPtr(args[2]));
   if (PyErr_Occurred() != nullptr) return nullptr;
   std::string error;
   Py_BEGIN_ALLOW_THREADS
-  error = stream->step_raw(x, y);
+  error = stream->step_raw(x, out);
   Py_END_ALLOW_THREADS
+  if (error == ResidentStream::kNotPlain) Py_RETURN_FALSE;
   if (!error.empty()) {
     PyErr_SetString(PyExc_RuntimeError, error.c_str());
     return nullptr;
   }
-  Py_RETURN_NONE;
+  Py_RETURN_TRUE;
 }
 
 PyMethodDef g_stream_functions[] = {
@@ -591,5 +628,6 @@ TORCH_LIBRARY_FRAGMENT(prnn, m) {
       .def("is_open", &torch_prnn::ResidentStream::is_open)
       .def("ctas", &torch_prnn::ResidentStream::ctas)
       .def("handle", &torch_prnn::ResidentStream::handle)
-      .def("buffers", &torch_prnn::ResidentStream::buffers);
+      .def("buffers", &torch_prnn::ResidentStream::buffers)
+      .def("expect_answers", &torch_prnn::ResidentStream::expect_answers);
 }

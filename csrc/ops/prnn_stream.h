@@ -34,7 +34,7 @@ struct StreamShape {
 struct StreamBuffers {
   at::Tensor storage;                  // bytes on the CPU (a view of the allocation), the pieces below point into it
   prnn_resident_mailbox_t* mailbox;
-  void* x;                             // batch x input, the stream's dtype
+  uint64_t* x_words;                   // x_t's tagged words (prnn.h: prnn_resident_x_words of them)
   void* y;                             // batch x hidden, the stream's dtype
   float* h;                            // layers x batch x hidden
   float* c;                            // layers x batch x hidden (LSTM), else nullptr

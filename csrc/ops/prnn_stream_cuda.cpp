@@ -142,7 +142,7 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
     return host == nullptr ? nullptr : static_cast<char*>(device_base) + (static_cast<const char*>(host) - host_base);
   };
   args.mailbox = static_cast<prnn_resident_mailbox_t*>(on_device(buffers.mailbox));
-  args.x = on_device(buffers.x);
+  args.x_words = static_cast<const uint64_t*>(on_device(buffers.x_words));
   args.y = on_device(buffers.y);
   args.h = static_cast<float*>(on_device(buffers.h));
   args.c = static_cast<float*>(on_device(buffers.c));
