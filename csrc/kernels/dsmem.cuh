@@ -135,19 +135,21 @@ struct SliceStores {
         peer_stride(kClusterThreads / chunks),
         chunk_stride(kClusterThreads % chunks) {}
 
-  /* slice: [sequence][slice_pitch] 16-bit; into each peer's state buffer
-   * `buffer` of the kSeqs-sequence buffers [buffer][sequence][state_pitch]
-   * at `state` (this CTA's shared address), columns col0 + r; bar_of(column):
-   * this CTA's shared address of the mbarrier that counts it. */
-  template <int kSeqs, class BarOf>
+  /* slice: [sequence][slice_pitch] 16-bit; value r of a sequence goes into
+   * each peer's state buffer `buffer` of the kSeqs-sequence buffers
+   * [buffer][sequence][state_pitch] at `state` (this CTA's shared address),
+   * column col_of(r) (r a multiple of 8: the 8 values stay contiguous);
+   * bar_of(column): this CTA's shared address of the mbarrier that counts it. */
+  template <int kSeqs, class ColOf, class BarOf>
   __device__ __forceinline__ void send(unsigned ctas, const unsigned short *slice, int slice_pitch, uint32_t state,
-                                       int buffer, int state_pitch, int col0, BarOf bar_of) const {
+                                       int buffer, int state_pitch, ColOf col_of, BarOf bar_of) const {
     int peer = first_peer, chunk = first_chunk;
     while (peer < (int)ctas) {
       const int n = chunk / (WIDTH / 8), r = chunk % (WIDTH / 8) * 8; /* values [r, r + 8) of sequence n */
       const uint4 v = *reinterpret_cast<const uint4 *>(slice + n * slice_pitch + r);
-      const uint32_t local = state + (uint32_t)(((buffer * kSeqs + n) * state_pitch + col0 + r) * 2);
-      store_peer16_async(peer_address(local, peer), v, peer_address(bar_of(col0 + r), peer));
+      const int col = col_of(r);
+      const uint32_t local = state + (uint32_t)(((buffer * kSeqs + n) * state_pitch + col) * 2);
+      store_peer16_async(peer_address(local, peer), v, peer_address(bar_of(col), peer));
       peer += peer_stride;
       chunk += chunk_stride;
       if (chunk >= chunks) {

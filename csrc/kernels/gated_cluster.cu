@@ -1,27 +1,22 @@
 /*
- * gated_cluster.cu - the forward of the gated cells (LSTM, GRU) on one
- * thread-block cluster per group of sequences, W_hh in the register files as
- * tensor-core fragments: 16-bit dtypes, sm_90 and later, H up to 512, no
- * projection (gated.cu's persistent and stepwise families take the rest and
- * the backward).
+ * gated_cluster.cu - the gated cells (LSTM, GRU) on one thread-block cluster
+ * per group of up to 8 sequences, the recurrent weights in the register files
+ * as tensor-core fragments for the whole sequence: forward and backward
+ * data, 16-bit dtypes, sm_90 and later, H up to 512, no projection (gated.cu's
+ * persistent and stepwise families take the rest).
  *
  * The cell is a policy (cells.cuh) and so are the unit's memory accesses
  * (gated_unit.cuh). CTA c of a cluster owns the U = 8 KT hidden units
- * [U c, U c + U) and all G of their gate rows: local row g U + ul of A is
- * W_hh row g H + U c + ul, so a unit's cell update is local to its CTA and c
- * stays in a register of the thread that owns the unit. Its 8 warps split K
- * (= H, the state's width) as the Elman cluster kernel (cluster.cuh) does:
- * warp w holds the fragments of every m-tile for k-tiles [w KT, w KT + KT).
- * One step:
- *   ldmatrix h_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> partial sums to
- *   shared memory -> warp n, lane ul: unit ul of sequence n sums its G gate
- *   rows over the 8 warps and runs the cell -> the CTA's U new h values of
- *   each live sequence go into every CTA's next state buffer by st.async,
- *   counted on the mbarrier of the warp whose K slice they are.
- * The exchange carries U values a sequence a CTA (a row of W is a gate, not
- * a state slot), so the state buffer and the slice are sized by units, the
- * fragments by gate rows. h is exchanged at the element width, as the
- * persistent family and nn.LSTM / nn.GRU round it each step; sums are fp32.
+ * [U c, U c + U): in the forward all G of their gate rows of W_hh, in the
+ * backward their columns, so that a unit's cell update (and c, or the
+ * backward's carried gradients) stays in a register of the thread that owns
+ * it. Both passes run the same step: mma over the warp's K slice of the
+ * exchanged state (fp32 sums), the partial sums summed over the 8 warps by
+ * the unit's thread, the cell, and the CTA's new values into every CTA's next
+ * state buffer by st.async, counted on the mbarrier of the warp whose K slice
+ * they are. The exchange carries units, not rows (a row of W is a gate, not a
+ * state slot), at the element width: h as the persistent family and
+ * nn.LSTM / nn.GRU round it each step, gate gradients as grad_hh is written.
  */
 #include <string.h>
 
@@ -39,23 +34,143 @@ const int kSeqs = 8;         /* sequences a cluster carries: mma n = 8, a warp's
 const int kMaxKTiles = 4;    /* U = 8 KT <= 32: a lane per unit; K extent 128 KT >= H */
 const int kMaxCtas = 16;
 
-template <class Cell, int KT>
-struct GatedClusterShape {
-  static const int kUnits = 8 * KT;                          /* U: hidden units a CTA */
-  static const int kRows = Cell::kGates * kUnits;            /* live rows of A a CTA */
-  static const int kMTiles = (kRows + 15) / 16;              /* padding rows are zero */
-  static const int kKExtent = kWarps * KT * 16;              /* columns of A a CTA covers */
-  static const int kStatePitch = kKExtent + 8;               /* 16-bit [8][K + 8]: ldmatrix free of conflicts */
-  static const int kPartialPitch = 16 * kMTiles + 4;         /* fp32: the C fragments' stores hit 32 banks */
-  static const int kSlicePitch = kUnits + 8;                 /* 16-bit [8][U + 8]: rows 16-byte aligned */
-  static const int kBarBytes = 2 * kWarps * 8;               /* mbarriers [2 buffers][8 warps] */
+/* A pass's on-chip layout: ROWS live rows of A (zero-padded to m-tiles of
+ * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends. */
+template <int ROWS, int KTILES, int SLICE>
+struct ClusterShape {
+  static const int kRows = ROWS;
+  static const int kMTiles = (ROWS + 15) / 16;
+  static const int kKTiles = KTILES;
+  static const int kKExtent = kWarps * KTILES * 16;                 /* columns of A a CTA covers */
+  static const int kStatePitch = kKExtent + 8;                      /* 16-bit [8][K + 8]: ldmatrix free of conflicts */
+  static const int kPartialPitch = 16 * kMTiles + 4;                /* fp32: the C fragments' stores hit 32 banks */
+  static const int kSlice = SLICE;
+  static const int kSlicePitch = SLICE + 8;                         /* 16-bit [8][SLICE + 8]: rows 16-byte aligned */
+  static const int kBarBytes = 2 * kWarps * 8;                      /* mbarriers [2 buffers][8 warps] */
   static const int kStepBytes = 2 * kSeqs * kStatePitch * 2 + kWarps * kSeqs * kPartialPitch * 4 +
                                 kSeqs * kSlicePitch * 2;
-  static const int kStageBytes = 16 * kMTiles * kStatePitch * 2; /* A staged [16 MT][K + 8] for ldmatrix */
+  static const int kStageBytes = 16 * kMTiles * kStatePitch * 2;    /* A staged [16 MT][K + 8] for ldmatrix */
   static const int kSmemBytes = kBarBytes + (kStepBytes > kStageBytes ? kStepBytes : kStageBytes);
 };
 
+/* Forward: A = the CTA's G U gate rows of W_hh, K = H (<= 128 KT), a CTA
+ * sends its U new h values. Backward: A = W_hh^T's rows of the CTA's U
+ * units, K = the gate gradients of t+1 in G blocks of Hp = C U (<= 16 U =
+ * 128 G KT), a CTA sends its G U gate gradients. */
+template <class Cell, int KT>
+struct ForwardShape : ClusterShape<Cell::kGates * 8 * KT, KT, 8 * KT> {};
+template <class Cell, int KT>
+struct BackwardShape : ClusterShape<8 * KT, Cell::kGates * KT, Cell::kGates * 8 * KT> {};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* The shared memory of a pass: barriers, two state buffers, the partial sums, the slice. */
+template <class S>
+struct ClusterSmem {
+  uint64_t *bars;
+  unsigned char *space;    /* the step's buffers, or A staged before the steps */
+  unsigned short *state;   /* [2][kSeqs][kStatePitch] */
+  float *partial;          /* [kWarps][kSeqs][kPartialPitch] */
+  unsigned short *slice;   /* [kSeqs][kSlicePitch] */
+  __device__ __forceinline__ explicit ClusterSmem(unsigned char *smem)
+      : bars(reinterpret_cast<uint64_t *>(smem)),
+        space(smem + S::kBarBytes),
+        state(reinterpret_cast<unsigned short *>(space)),
+        partial(reinterpret_cast<float *>(space + 2 * kSeqs * S::kStatePitch * 2)),
+        slice(reinterpret_cast<unsigned short *>(partial + kWarps * kSeqs * S::kPartialPitch)) {}
+};
+
+/* A fragments from A staged in shared memory as [16 MT][kStatePitch]:
+ * a[m][kt] = rows 16m + {g, g+8}, k = 16 (warp KT + kt) + {2q, 2q+8} (+1). */
+template <class S>
+__device__ __forceinline__ void load_fragments(const unsigned short *stage, int warp, int lane,
+                                               uint32_t (&a)[S::kMTiles][S::kKTiles][4]) {
+  const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(stage);
+#pragma unroll
+  for (int m = 0; m < S::kMTiles; ++m)
+#pragma unroll
+    for (int kt = 0; kt < S::kKTiles; ++kt) {
+      const int r = 16 * m + (lane & 15), k = (warp * S::kKTiles + kt) * 16 + 8 * (lane >> 4);
+      ldmatrix_x4(stage_base + (uint32_t)((r * S::kStatePitch + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
+                  a[m][kt][3]);
+    }
+}
+
+/* Both state buffers zero (padding columns stay zero), the barriers set, and
+ * every CTA of the cluster past that before any peer writes into it. */
+template <class S>
+__device__ __forceinline__ void start_exchange(const ClusterSmem<S> &sm, int tid) {
+  for (int i = tid; i < 2 * kSeqs * S::kStatePitch / 8; i += kClusterThreads)
+    reinterpret_cast<uint4 *>(sm.state)[i] = make_uint4(0, 0, 0, 0);
+  const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(sm.bars);
+  if (tid < 2 * kWarps) mbarrier_init(bar_base + 8u * tid, 1);
+  if (tid == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+}
+
+/* The bytes a step's exchange brings into warp w's K slice: columns
+ * [16 KT w, 16 KT (w + 1)) of the `sent` columns peers write, for `live` sequences. */
+template <class S>
+__device__ __forceinline__ unsigned slice_bytes(int warp, int sent, int live) {
+  const int cols = 16 * S::kKTiles, mine = sent - warp * cols;
+  return (unsigned)(mine <= 0 ? 0 : (mine < cols ? mine : cols)) * (unsigned)live * 2;
+}
+
+/* Wait for step `use` (1, 2, ...) of a state buffer: its mbarrier's phase (use - 1) / 2. */
+__device__ __forceinline__ void wait_state(uint32_t bar, int use) {
+  unsigned long long since = 0; /* for the watchdog */
+  for (unsigned round = 1; !mbarrier_done(bar, ((use - 1) >> 1) & 1); ++round) watchdog(round, &since);
+}
+
+/* A times the state buffer `buffer` (8 sequences) over this warp's K slice,
+ * then the C fragments (rows 16m + {g, g+8}, sequences 2q, 2q+1) into the
+ * warp's partial sums [sequence][row]. */
+template <class S, typename E>
+__device__ __forceinline__ void products_to_partials(const uint32_t (&a)[S::kMTiles][S::kKTiles][4],
+                                                     const ClusterSmem<S> &sm, int buffer, int warp, int lane) {
+  const int MT = S::kMTiles, KT = S::kKTiles, SPITCH = S::kStatePitch, PPITCH = S::kPartialPitch;
+  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
+  float acc[MT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+#pragma unroll
+  for (int kt = 0; kt < KT; kt += 2) {
+    const int k0 = (warp * KT + kt) * 16;
+    const uint32_t b_addr = state_base + (uint32_t)(((buffer * kSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2);
+    uint32_t b0, b1, b2, b3;
+    if (kt + 1 < KT) {
+      ldmatrix_x4(b_addr, b0, b1, b2, b3);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
+    } else {
+      ldmatrix_x2(b_addr, b0, b1);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+    }
+  }
+  const int g8 = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float *part = sm.partial + (warp * kSeqs + 2 * q) * PPITCH + 16 * m + g8;
+    part[0] = acc[m][0];
+    part[PPITCH] = acc[m][1];
+    part[8] = acc[m][2];
+    part[PPITCH + 8] = acc[m][3];
+  }
+}
+
+/* Row r of sequence n summed over the 8 warps' partial sums, as a tree. */
+template <class S>
+__device__ __forceinline__ float sum_partials(const ClusterSmem<S> &sm, int n, int r) {
+  const float *part = sm.partial + n * S::kPartialPitch + r;
+  const int stride = kSeqs * S::kPartialPitch;
+  float s4[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) s4[w] = part[w * stride] + part[(w + 4) * stride];
+  return (s4[0] + s4[1]) + (s4[2] + s4[3]);
+}
+
 /* The G gate inputs xp of unit u of sequence b at step t (read-only here: written before the launch). */
 template <class Cell, typename E>
 __device__ __forceinline__ void load_gate_inputs(const GatedParams &p, int t, int b, int u, bool mine,
@@ -66,12 +181,22 @@ __device__ __forceinline__ void load_gate_inputs(const GatedParams &p, int t, in
 }
 #endif
 
+/*
+ * Forward. The 8 warps split K (= H, the state's width) as the Elman cluster
+ * kernel (cluster.cuh) does: warp w holds the fragments of every m-tile for
+ * k-tiles [w KT, w KT + KT). Local row g U + ul of A is W_hh row
+ * g H + U c + ul. One step:
+ *   ldmatrix h_{t-1} -> mma.m16n8k16 (fp32 accumulate) -> partial sums to
+ *   shared memory -> warp n, lane ul: unit ul of sequence n sums its G gate
+ *   rows over the 8 warps and runs the cell -> the CTA's U new h values of
+ *   each live sequence go into every CTA's next state buffer by st.async,
+ *   counted on the mbarrier of the warp whose K slice they are.
+ */
 template <class Cell, typename E, int KT>
 __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(const GatedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  typedef GatedClusterShape<Cell, KT> S;
-  const int G = Cell::kGates, U = S::kUnits, MT = S::kMTiles, KEXT = S::kKExtent;
-  const int SPITCH = S::kStatePitch, PPITCH = S::kPartialPitch, SLPITCH = S::kSlicePitch;
+  typedef ForwardShape<Cell, KT> S;
+  const int G = Cell::kGates, U = 8 * KT, KEXT = S::kKExtent, SPITCH = S::kStatePitch, SLPITCH = S::kSlicePitch;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
@@ -80,21 +205,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   const int seq0 = (int)cluster_index() * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
   extern __shared__ __align__(16) unsigned char smem[];
-  uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
-  unsigned char *space = smem + S::kBarBytes;
-  unsigned short *state = reinterpret_cast<unsigned short *>(space);
-  float *partial = reinterpret_cast<float *>(space + 2 * kSeqs * SPITCH * 2);
-  unsigned short *slice = reinterpret_cast<unsigned short *>(partial + kWarps * kSeqs * PPITCH);
+  const ClusterSmem<S> sm(smem);
 
-  /* A fragments: a[m][kt] = local rows 16m + {g, g+8}, k = 16 (warp KT + kt) + {2q, 2q+8} (+1),
-   * staged through shared memory as 16-byte chunks along k. */
-  const int g8 = lane >> 2, q = lane & 3;
-  uint32_t a[MT][KT][4];
+  /* A staged through shared memory as 16-byte chunks along k, then into fragments. */
+  uint32_t a[S::kMTiles][S::kKTiles][4];
   {
-    unsigned short *stage = reinterpret_cast<unsigned short *>(space);
+    unsigned short *stage = reinterpret_cast<unsigned short *>(sm.space);
     const E *w_hh = static_cast<const E *>(p.w_hh);
     const bool wide = p.w_hh_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(w_hh) & 15) == 0;
-    const int chunks = 16 * MT * (KEXT / 8);
+    const int chunks = 16 * S::kMTiles * (KEXT / 8);
 #pragma unroll 4
     for (int c = tid; c < chunks; c += kClusterThreads) {
       const int r = c / (KEXT / 8), k = (c % (KEXT / 8)) * 8;
@@ -114,26 +233,14 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
       *reinterpret_cast<uint4 *>(stage + r * SPITCH + k) = v;
     }
     __syncthreads();
-    const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(stage);
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        const int r = 16 * m + (lane & 15), k = (warp * KT + kt) * 16 + 8 * (lane >> 4);
-        ldmatrix_x4(stage_base + (uint32_t)((r * SPITCH + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
-                    a[m][kt][3]);
-      }
+    load_fragments<S>(stage, warp, lane, a);
     __syncthreads(); /* the staging area is the state buffers' */
   }
-
-  /* Both state buffers zero (padding columns stay zero), then h_{-1} = h0. */
-  for (int i = tid; i < 2 * kSeqs * SPITCH / 8; i += kClusterThreads)
-    reinterpret_cast<uint4 *>(state)[i] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
+  start_exchange<S>(sm, tid);
   const E *h0 = static_cast<const E *>(p.h0);
   for (int i = tid; i < live * H; i += kClusterThreads) {
     const int n = i / H, k = i % H;
-    state[n * SPITCH + k] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
+    sm.state[n * SPITCH + k] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
   }
 
   /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. Its b_hh and c stay in registers. */
@@ -150,62 +257,25 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   load_gate_inputs<Cell, E>(p, 1, b, u, mine, next_xp);
   load_gate_inputs<Cell, E>(p, 2, b, u, mine, after_xp);
 
-  /* Every CTA of the cluster has initialised its state and barriers before any peer writes into them. */
-  const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(bars);
-  auto bar = [&](int buffer, int w) { return bar_base + 8u * (uint32_t)(buffer * kWarps + w); };
-  if (tid < 2 * kWarps) mbarrier_init(bar_base + 8u * tid, 1);
-  if (tid == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   cluster_arrive();
   cluster_wait();
-  /* Warp w's K slice is state columns [16 KT w, 16 KT (w + 1)); columns past C U are never sent. */
-  const int WCOLS = 16 * KT;
-  const int sent_cols = (int)ctas * U - warp * WCOLS;
-  const unsigned warp_bytes =
-      (unsigned)(sent_cols <= 0 ? 0 : (sent_cols < WCOLS ? sent_cols : WCOLS)) * (unsigned)live * 2;
+  const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(sm.bars);
+  auto bar = [&](int buffer, int w) { return bar_base + 8u * (uint32_t)(buffer * kWarps + w); };
+  /* columns past C U are never sent */
+  const unsigned warp_bytes = slice_bytes<S>(warp, (int)ctas * U, live);
   const bool exchange = warp_bytes > 0;
   const SliceStores<U> stores(live, tid); /* a step's stores: 8 units of one live sequence each */
+  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
   E *y = static_cast<E *>(p.y);
 
-  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(state);
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
-    const unsigned short *prev = state + cur * kSeqs * SPITCH;
+    const unsigned short *prev = sm.state + cur * kSeqs * SPITCH;
     if (exchange && lane == 0 && t + 1 < T) mbarrier_expect_bytes(bar(1 - cur, warp), warp_bytes);
-    if (exchange && t > 0) {
-      unsigned long long since = 0; /* for the watchdog */
-      for (unsigned round = 1; !mbarrier_done(bar(cur, warp), ((t - 1) >> 1) & 1); ++round) watchdog(round, &since);
-    }
+    if (exchange && t > 0) wait_state(bar(cur, warp), t);
 
     /* W_hh h_{t-1} for the CTA's gate rows x 8 sequences, this warp's K slice. */
-    float acc[MT][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-#pragma unroll
-    for (int kt = 0; kt < KT; kt += 2) {
-      const int k0 = (warp * KT + kt) * 16;
-      const uint32_t b_addr = state_base + (uint32_t)(((cur * kSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2);
-      uint32_t b0, b1, b2, b3;
-      if (kt + 1 < KT) {
-        ldmatrix_x4(b_addr, b0, b1, b2, b3);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
-      } else {
-        ldmatrix_x2(b_addr, b0, b1);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
-      }
-    }
-    /* C fragment: acc[m] = rows 16m + {g, g+8}, sequences 2q, 2q+1. */
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      float *part = partial + (warp * kSeqs + 2 * q) * PPITCH + 16 * m + g8;
-      part[0] = acc[m][0];
-      part[PPITCH] = acc[m][1];
-      part[8] = acc[m][2];
-      part[PPITCH + 8] = acc[m][3];
-    }
+    products_to_partials<S, E>(a, sm, cur, warp, lane);
     __syncthreads();
 
     if (warp < live && lane < U) {
@@ -213,13 +283,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
       if (mine) {
         float mat[G];
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float *part = partial + warp * PPITCH + g * U + ul; /* the 8 warps' sums, as a tree */
-          float s4[4];
-#pragma unroll
-          for (int w = 0; w < 4; ++w) s4[w] = part[w * kSeqs * PPITCH] + part[(w + 4) * kSeqs * PPITCH];
-          mat[g] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-        }
+        for (int g = 0; g < G; ++g) mat[g] = sum_partials<S>(sm, warp, g * U + ul);
         const float own = from_bits<E>(prev[warp * SPITCH + u]); /* h_{t-1} of this unit */
         float out, carry;
         const size_t o = ((size_t)t * B + b) * H + u;
@@ -237,14 +301,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
           if (Cell::kCarriesCell) static_cast<E *>(p.c_n)[(size_t)b * H + u] = Round<E>::to(cell);
         }
       }
-      slice[warp * SLPITCH + ul] = h_bits;
+      sm.slice[warp * SLPITCH + ul] = h_bits;
     }
     __syncthreads();
 
     /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
     if (t + 1 < T)
-      stores.template send<kSeqs>(ctas, slice, SLPITCH, state_base, 1 - cur, SPITCH, u0,
-                  [&](int col) { return bar(1 - cur, col / WCOLS); });
+      stores.template send<kSeqs>(ctas, sm.slice, SLPITCH, state_base, 1 - cur, SPITCH,
+                                  [&](int r) { return u0 + r; },
+                                  [&](int col) { return bar(1 - cur, col / (16 * KT)); });
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       in.xp[g] = next_xp[g];
@@ -257,14 +322,128 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
 #endif
 }
 
-/* The kernel of a cell, dtype and KT (1..kMaxKTiles), and its shared memory. */
+/*
+ * Backward data. Local row ul of A is column U c + ul of W_hh, so the
+ * products give W_hh^T (gate gradients of t+1) for the CTA's units, and
+ * the cell's backward of a unit (its carried dc, and a GRU's direct part of
+ * dh) stays in the registers of the thread that owns it. The state a step
+ * exchanges is the hh-side gate gradients of every unit, laid out as G blocks
+ * of Hp = C U columns, so that each CTA's G chunks of U land 16-byte aligned;
+ * they are exchanged in 16 bits, the element width grad_hh is written in. Step
+ * s runs t = T - 1 - s; s = T (t = -1) gives grad_h0.
+ */
+template <class Cell, typename E, int KT>
+__global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(const GatedParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  typedef BackwardShape<Cell, KT> S;
+  const int G = Cell::kGates, U = 8 * KT, SPITCH = S::kStatePitch, SLPITCH = S::kSlicePitch;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = p.steps, B = p.batch, H = p.hidden;
+  const unsigned rank = cluster_rank(), ctas = cluster_size();
+  const int u0 = (int)rank * U, Hp = (int)ctas * U;
+  if (p.group_seqs < 1 || p.group_seqs > kSeqs) __trap(); /* the launcher's contract: 1..8 */
+  const int seq0 = (int)cluster_index() * p.group_seqs;
+  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const ClusterSmem<S> sm(smem);
+
+  /* A = the CTA's columns of W_hh, transposed: staged as [unit][g Hp + v] = W_hh[g H + v][u0 + unit]. */
+  uint32_t a[S::kMTiles][S::kKTiles][4];
+  {
+    unsigned short *stage = reinterpret_cast<unsigned short *>(sm.space);
+    for (int i = tid; i < 16 * S::kMTiles * SPITCH / 8; i += kClusterThreads)
+      reinterpret_cast<uint4 *>(stage)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const E *w_hh = static_cast<const E *>(p.w_hh);
+    const int units = min(U, max(H - u0, 0));
+    for (int i = tid; i < G * H * units; i += kClusterThreads) {
+      const int row = i / units, ul = i % units, g = row / H, v = row % H;
+      stage[ul * SPITCH + g * Hp + v] = (unsigned short)bits16(w_hh[(int64_t)row * p.w_hh_stride + u0 + ul]);
+    }
+    __syncthreads();
+    load_fragments<S>(stage, warp, lane, a);
+    __syncthreads(); /* the staging area is the state buffers' */
+  }
+  start_exchange<S>(sm, tid);
+
+  /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
+  const int b = seq0 + warp, ul = lane, u = u0 + lane;
+  const bool mine = warp < live && lane < U && u < H;
+  const int len = mine ? sequence_length(p.lengths, b, T) : 0;
+  const E *grad_y = static_cast<const E *>(p.grad_y);
+  const E *grad_h_n = static_cast<const E *>(p.grad_h_n), *grad_c_n = static_cast<const E *>(p.grad_c_n);
+  float carry_h = mine && grad_h_n != NULL ? to_accum(grad_h_n[b * p.grad_h_n_stride_b + u]) : 0.f;
+  float carry_c = mine && grad_c_n != NULL ? to_accum(grad_c_n[b * p.grad_c_n_stride_b + u]) : 0.f;
+  float direct = 0.f;
+  /* the saved values and dy of the step, loaded a step ahead */
+  UnitSaved<Cell, float> in;
+  float dy = 0.f;
+  auto load_step = [&](int t) {
+    if (t >= 0 && t < len) {
+      load_unit_saved<Cell, E, float>(p, t, b, u, &in);
+      dy = to_accum(grad_y[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]);
+    }
+  };
+  load_step(T - 1);
+
+  cluster_arrive();
+  cluster_wait();
+  const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(sm.bars);
+  auto bar = [&](int buffer, int w) { return bar_base + 8u * (uint32_t)(buffer * kWarps + w); };
+  const unsigned warp_bytes = slice_bytes<S>(warp, G * Hp, live);
+  const bool exchange = warp_bytes > 0; /* a warp past G Hp multiplies zeros no peer writes */
+  const SliceStores<G * U> stores(live, tid);
+  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
+
+  for (int s = 0; s <= T; ++s) {
+    const int t = T - 1 - s, cur = s & 1;
+    if (exchange && lane == 0 && s < T) mbarrier_expect_bytes(bar(1 - cur, warp), warp_bytes);
+    if (s > 0) {
+      if (exchange) wait_state(bar(cur, warp), s);
+      products_to_partials<S, E>(a, sm, cur, warp, lane);
+      __syncthreads();
+    }
+
+    if (warp < live && lane < U) {
+      float dhh[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length send zeros */
+      if (mine) {
+        if (s > 0 && t + 1 < len) carry_h = sum_partials<S>(sm, warp, ul) + direct;
+        if (t < 0) {
+          static_cast<E *>(p.grad_h0)[(size_t)b * H + u] = Round<E>::to(carry_h);
+          if (Cell::kCarriesCell) static_cast<E *>(p.grad_c0)[(size_t)b * H + u] = Round<E>::to(carry_c);
+        } else if (t < len) {
+          backward_unit<Cell, E, float>(p, t, b, u, in, dy + carry_h, &carry_c, &direct, dhh);
+        } else {
+          zero_unit_grads<Cell, E>(p, t, b, u);
+        }
+      }
+      if (s < T)
+#pragma unroll
+        for (int g = 0; g < G; ++g) sm.slice[warp * SLPITCH + g * U + ul] = round_bits<E>(dhh[g]);
+    }
+    __syncthreads();
+
+    if (s < T)
+      stores.template send<kSeqs>(ctas, sm.slice, SLPITCH, state_base, 1 - cur, SPITCH,
+                                  [&](int r) { return r / U * Hp + u0 + r % U; },
+                                  [&](int col) { return bar(1 - cur, col / (16 * S::kKTiles)); });
+    load_step(t - 1);
+  }
+#else
+  __trap(); /* never launched: the planner requires compute capability 9.0 */
+#endif
+}
+
+/* The kernel of a cell, dtype, pass and KT (1..kMaxKTiles), and its shared memory. */
 template <class Cell, typename E>
-void kernel_of(int k_tiles, const void **fn, int *smem) {
+void kernel_of(bool backward, int k_tiles, const void **fn, int *smem) {
   switch (k_tiles) {
-#define PRNN_GATED_CLUSTER_CASE(KT)                                       \
-  case KT:                                                                \
-    *fn = (const void *)gated_cluster_forward<Cell, E, KT>;               \
-    *smem = GatedClusterShape<Cell, KT>::kSmemBytes;                      \
+#define PRNN_GATED_CLUSTER_CASE(KT)                                                                   \
+  case KT:                                                                                            \
+    *fn = backward ? (const void *)gated_cluster_backward<Cell, E, KT> : (const void *)gated_cluster_forward<Cell, E, KT>; \
+    *smem = backward ? BackwardShape<Cell, KT>::kSmemBytes : ForwardShape<Cell, KT>::kSmemBytes;     \
     return;
     PRNN_GATED_CLUSTER_CASE(1)
     PRNN_GATED_CLUSTER_CASE(2)
@@ -276,23 +455,25 @@ void kernel_of(int k_tiles, const void **fn, int *smem) {
 }
 
 template <class Cell>
-void kernel_of_cell(prnn_dtype_t dtype, int k_tiles, const void **fn, int *smem) {
-  if (dtype == PRNN_DTYPE_BFLOAT16) kernel_of<Cell, __nv_bfloat16>(k_tiles, fn, smem);
-  else kernel_of<Cell, __half>(k_tiles, fn, smem);
+void kernel_of_cell(prnn_dtype_t dtype, bool backward, int k_tiles, const void **fn, int *smem) {
+  if (dtype == PRNN_DTYPE_BFLOAT16) kernel_of<Cell, __nv_bfloat16>(backward, k_tiles, fn, smem);
+  else kernel_of<Cell, __half>(backward, k_tiles, fn, smem);
 }
 
 /* Clusters of a kernel the device holds at once, cached per device, cell,
- * dtype, KT and cluster size (0: not asked yet; -1: none). */
+ * dtype, pass, KT and cluster size (0: not asked yet; -1: none). */
 const int kMaxDevices = 64;
-int g_room[kMaxDevices][2][2][kMaxKTiles][kMaxCtas + 1];
+int g_room[kMaxDevices][2][2][2][kMaxKTiles][kMaxCtas + 1];
 
 /* The room of a kernel, cached in g_room. A kernel the device cannot run
  * as compiled (a build without sm_90 code: the PTX of older architectures
  * only traps), or whose attributes or occupancy it refuses (a cluster size
  * the part does not take), has none: the family declines, and the next one
  * runs the problem. */
-int cluster_room(int device, const prnn_problem_t *pb, int k_tiles, const void *fn, int ctas, int smem) {
-  int *known = &g_room[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][k_tiles - 1][ctas];
+int cluster_room(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn, int ctas,
+                 int smem) {
+  int *known =
+      &g_room[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][backward][k_tiles - 1][ctas];
   int room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
   if (room != 0) return room;
   cudaFuncAttributes fa;
@@ -318,7 +499,7 @@ void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, b
                           GatedClusterLaunch *l) {
   memset(l, 0, sizeof *l);
   const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (!clusters || backward || !half || pb->proj_size > 0 || pb->hidden > 128 * kMaxKTiles || device < 0 ||
+  if (!clusters || !half || pb->proj_size > 0 || pb->hidden > 128 * kMaxKTiles || device < 0 ||
       device >= kMaxDevices || prnn_cluster_tier_disabled())
     return;
   const int H = (int)pb->hidden, k_tiles = (H + 127) / 128, units = 8 * k_tiles;
@@ -326,16 +507,16 @@ void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, b
   const int ctas = (H + units - 1) / units < 2 ? 2 : (H + units - 1) / units;
   const void *fn = NULL;
   int smem = 0;
-  if (pb->cell == PRNN_CELL_LSTM) kernel_of_cell<LstmCell>(pb->dtype, k_tiles, &fn, &smem);
-  else kernel_of_cell<GruCell>(pb->dtype, k_tiles, &fn, &smem);
-  const int room = cluster_room(device, pb, k_tiles, fn, ctas, smem);
+  if (pb->cell == PRNN_CELL_LSTM) kernel_of_cell<LstmCell>(pb->dtype, backward, k_tiles, &fn, &smem);
+  else kernel_of_cell<GruCell>(pb->dtype, backward, k_tiles, &fn, &smem);
+  const int room = cluster_room(device, pb, backward, k_tiles, fn, ctas, smem);
   /* groups as small as the room allows: a step's exchange carries only a group's sequences */
   const int64_t most_groups = room < 1 ? 0 : room;
   if ((pb->batch + kSeqs - 1) / kSeqs > most_groups) return;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
   l->kernel = fn;
   l->ctas = ctas;
-  l->rows = prnn_cell_gates(pb->cell) * units;
+  l->rows = backward ? units : prnn_cell_gates(pb->cell) * units; /* of W_hh, or of W_hh^T backward */
   l->group_seqs = group;
   l->grid = ctas * (int)((pb->batch + group - 1) / group);
   l->smem_bytes = smem;
