@@ -54,9 +54,9 @@ def test_limits_follow_the_measurements():
 
 
 @pytest.mark.parametrize("clusters", [True, False])
-def test_gated_forward_limits_follow_the_cluster_family(monkeypatch, clusters):
-    """The 16-bit gated forward's limits where the cluster family runs (sm_90
-    and later), the persistent family's elsewhere; training keeps the latter."""
+def test_gated_limits_follow_the_cluster_family(monkeypatch, clusters):
+    """The 16-bit gated cells' limits where the cluster family runs (sm_90
+    and later), forward and training, the persistent family's elsewhere."""
     monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: clusters)
     faster = _crossover.torch_is_faster
     assert faster("lstm", torch.float16, "cuda", 8, 256) != clusters  # cuDNN's persistent kernel, or ours
@@ -64,8 +64,9 @@ def test_gated_forward_limits_follow_the_cluster_family(monkeypatch, clusters):
     assert faster("gru", torch.bfloat16, "cuda", 56, 512) != clusters
     assert faster("gru", torch.bfloat16, "cuda", 64, 512)
     assert faster("lstm", torch.bfloat16, "cuda", 56, 512) != clusters
-    assert faster("lstm", torch.float16, "cuda", 8, 256, training=True)
-    assert faster("gru", torch.bfloat16, "cuda", 56, 512, training=True)
+    assert faster("lstm", torch.float16, "cuda", 8, 256, training=True) != clusters
+    assert faster("gru", torch.bfloat16, "cuda", 56, 512, training=True) != clusters
+    assert faster("lstm", torch.bfloat16, "cuda", 64, 512, training=True)  # more clusters than the GPU holds
     assert not faster("lstm", torch.float32, "cuda", 64, 256)  # float32 has no cluster family
 
 

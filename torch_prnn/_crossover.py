@@ -53,14 +53,16 @@ _CUDA_LIMITS = {
     ("gru", "16-bit", True): ((384, 64), (768, 32), (1024, 16)),
 }
 
-# The 16-bit gated forward where its cluster family runs (compute capability
-# 9.0 or later, the cluster tier not disabled): at H <= 512 it holds 8
-# sequences a cluster on 7 clusters at H > 256 (1.5-2.2 us a step at B = 32,
-# 8-10x nn.LSTM) and took B = 64 at H = 256 (2.0 us, 11x); float16 LSTM
-# forwards beat cuDNN's persistent kernel eager from B = 8 (1.5 against
-# 1.9 us at H = 256). Training calls keep the rows above: the backward is
-# the persistent family's.
-_CLUSTER_FORWARD_LIMITS = {
+# The 16-bit gated cells where their cluster family runs (compute capability
+# 9.0 or later, the cluster tier not disabled), forward and training: at
+# H <= 512 it holds 8 sequences a cluster on 7 clusters at H > 256 (forward
+# 1.5-2.2 us a step at B = 32, 8-10x nn.LSTM) and took B = 64 at H = 256
+# (2.0 us, 11x); float16 LSTM forwards beat cuDNN's persistent kernel eager
+# from B = 8 (1.5 against 1.9 us at H = 256). Training, eager, T = 256:
+# 4.3-8.4x nn.LSTM in bfloat16 and 1.3-3.5x in float16 (cuDNN's persistent
+# kernel) at B = 16-56, H 256-512, GRU 5.4-9.3x; at B = 64 H = 512 (past the
+# clusters the GPU holds) 0.3-0.7x.
+_CLUSTER_LIMITS = {
     ("lstm", "bfloat16"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
     ("lstm", "float16"): ((512, 56), (1024, 4)),
     ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
@@ -165,10 +167,10 @@ def torch_is_faster(cell: str, dtype: torch.dtype, device_type: str, batch: int,
     if proj_size > 0:  # our stepwise tier
         return True
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
-    if cell != "rnn" and not training and dtype != torch.float32:
+    if cell != "rnn" and dtype != torch.float32:
         index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
         if _cluster_family_runs(index):
-            limits = _CLUSTER_FORWARD_LIMITS[(cell, _dtype_class(cell, dtype))]
+            limits = _CLUSTER_LIMITS[(cell, _dtype_class(cell, dtype))]
     for max_hidden, max_batch in limits:
         if hidden <= max_hidden:
             return batch > max_batch
