@@ -81,6 +81,8 @@ GATED_CASES = [  # (cell, T, B, H, proj_size, dtype, with lengths)
     ("lstm", 3, 20, 512, 0, torch.float16, False),  # the cluster family: 3 clusters of 7 sequences (fewer live)
     ("gru", 3, 3, 200, 0, torch.bfloat16, True),  # the cluster family: 13 CTAs, the last partly padding
     ("lstm", 2, 9, 7, 0, torch.float16, True),  # the cluster family: two CTAs, the second all padding
+    ("gru", 3, 3, 1000, 0, torch.bfloat16, True),  # the grid family: 63 CTAs, the last partly padding
+    ("lstm", 3, 9, 640, 0, torch.float16, False),  # the grid family: two groups of 40 CTAs
     ("gru", 3, 3, 129, 0, torch.float32, True),
     ("gru", 3, 4, 1024, 0, torch.float32, False),
     ("lstm", 3, 3, 40, 17, torch.float32, True),  # stepwise: a projection

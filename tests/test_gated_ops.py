@@ -713,6 +713,42 @@ def test_cluster_family_cuda(cell, dtype, monkeypatch):
             assert err < max(TOL[dtype], 2 * err2), (H, B, name, err, err2)
 
 
+# (H, B, T, bias): the grid family's K extents (128 KT, KT 1 to 8) and CTA
+# boundaries (16 units), one group and several (B = 16 at H = 1024: two groups
+# of 64 CTAs), T from 1 up, with and without b_hh. Up to H = 512 it runs where
+# clusters do not: the cluster tier is disabled for those cases.
+GRID_CASES = [(1, 1, 3, True), (17, 3, 24, True), (200, 9, 2, False), (512, 2, 1, True), (513, 4, 24, True),
+              (640, 17, 3, True), (1000, 3, 24, False), (1024, 4, 24, True), (1024, 16, 5, True)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_grid_family_cuda(cell, dtype, monkeypatch):
+    """The gated grid family (16 bits, H <= 1024, sm_80 and later, the state
+    exchanged through L2) against the loop in float64 on the same rounded
+    inputs, with lengths (0, partial, full) and non-contiguous xp, and its
+    saved values (which the backward reads) against the float64 pass's."""
+    for H, B, T, bias in GRID_CASES:
+        if H <= 512:
+            monkeypatch.setenv("PRNN_DISABLE_CLUSTER_TIER", "1")  # the gated planner reads it at each plan
+        p = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda")
+        if torch.cuda.get_device_capability() >= (8, 0):
+            assert p["tier"] == "persistent_registers", (H, B, p)
+        inputs = make_inputs(cell, T, B, H, 0, dtype, "cuda", bias=bias, seed=H + B)
+        inputs["xp"] = strided_copy(inputs["xp"].transpose(0, 1), 1).transpose(0, 1)  # batch-major
+        lengths = torch.tensor([min((T, 0, 17, 1)[b % 4], T) for b in range(B)])
+        y, h_n, c_n, saved = run(cell, inputs, lengths, save=True)
+        monkeypatch.delenv("PRNN_DISABLE_CLUSTER_TIER", raising=False)
+        exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
+        ref = reference(cell, **exact, lengths=lengths)
+        for name, o, r in zip(("y", "h_n", "c_n"), (y, h_n, c_n), ref):
+            if o is not None:
+                assert o.dtype == dtype and rel_err(o, r) < TOL[dtype], (H, B, name, rel_err(o, r))
+        saved64 = run(cell, exact, lengths, save=True)[3]
+        assert rel_err(saved, saved64) < TOL[dtype], (H, B, rel_err(saved, saved64))
+
+
 def grads_of_a_pass(cell, inputs, lengths, weight_dtype=None):
     """{name: gradient} of a fixed weighting of y, h_n (and c_n) for every
     input of the op. The weights are drawn on the CPU and rounded to

@@ -1,6 +1,8 @@
 /*
- * gated.cu - the gated cells (LSTM, GRU) on CUDA, two families templated on
- * the cell policy (cells.cuh):
+ * gated.cu - the gated cells (LSTM, GRU) on CUDA: the planner, an ordered
+ * list of families each asked whether it takes a problem (the cluster family,
+ * gated_cluster.cu; the grid family, gated_grid.cu; then the two here), and
+ * two families templated on the cell policy (cells.cuh):
  *
  *   persistent: one cooperative launch runs every step. CTA c owns U hidden
  *     units and keeps the W_hh rows of all their gates (forward) or the
@@ -24,6 +26,7 @@
 #include "cuda_status.cuh"
 #include "gated.cuh"
 #include "gated_cluster.cuh"
+#include "gated_grid.cuh"
 #include "gated_unit.cuh"
 #include "prnn_internal.h"
 
@@ -502,7 +505,7 @@ __global__ void backward_cell_kernel(const GatedParams p, int t, StepwiseBuffers
 /* ------------------------------------------------------------ planning */
 
 struct GatedDevice {
-  int sms, smem_optin, cooperative;
+  int sms, smem_optin, cooperative, major;
   bool clusters; /* compute capability 9.0 or later, with cluster launches */
 };
 
@@ -510,11 +513,11 @@ prnn_status_t gated_device(int device, GatedDevice *d) {
   cudaError_t err = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->cooperative, cudaDevAttrCooperativeLaunch, device);
-  int major = 0, cluster = 0;
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  int cluster = 0;
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->major, cudaDevAttrComputeCapabilityMajor, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, device);
   if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
-  d->clusters = major >= 9 && cluster != 0;
+  d->clusters = d->major >= 9 && cluster != 0;
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -534,9 +537,11 @@ const void *persistent_kernel(prnn_cell_t cell, prnn_dtype_t dtype, bool backwar
 }
 
 /* A persistent launch: its kernel and shape (kernel NULL: the stepwise family
- * runs), unless the cluster family takes the problem (cluster.kernel). */
+ * runs), unless the cluster or grid family takes the problem (cluster.kernel,
+ * grid_family.kernel). */
 struct GatedLaunch {
   GatedClusterLaunch cluster;
+  GatedGridLaunch grid_family;
   const void *kernel;
   int grid, units, k_padded, batch_tile, rows, smem_bytes;
   size_t workspace_bytes;
@@ -607,17 +612,31 @@ prnn_status_t plan_gated(const prnn_problem_t *pb, bool backward, int device, pr
   if (st != PRNN_STATUS_SUCCESS) return st;
   /* the families in order of preference, each asked whether it takes the problem */
   GatedClusterLaunch cluster;
+  GatedGridLaunch grid_family;
   choose_gated_cluster(pb, backward, device, dev.clusters, &cluster);
-  if (cluster.kernel == NULL) st = choose_persistent(pb, backward, dev, l);
+  memset(&grid_family, 0, sizeof grid_family);
+  if (cluster.kernel == NULL)
+    st = choose_gated_grid(pb, backward, device, dev.major, dev.sms, dev.cooperative != 0, &grid_family);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (cluster.kernel == NULL && grid_family.kernel == NULL) st = choose_persistent(pb, backward, dev, l);
   else memset(l, 0, sizeof *l);
   if (st != PRNN_STATUS_SUCCESS) return st;
   l->cluster = cluster;
+  l->grid_family = grid_family;
   out->block = kThreads;
   if (cluster.kernel != NULL) {
     out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
     out->grid = cluster.grid;
     out->rows_per_cta = cluster.rows;
     out->smem_bytes = cluster.smem_bytes;
+    return PRNN_STATUS_SUCCESS;
+  }
+  if (grid_family.kernel != NULL) {
+    out->tier = PRNN_TIER_PERSISTENT_REGISTERS;
+    out->workspace_bytes = grid_family.workspace_bytes;
+    out->grid = grid_family.grid;
+    out->rows_per_cta = grid_family.rows;
+    out->smem_bytes = grid_family.smem_bytes;
     return PRNN_STATUS_SUCCESS;
   }
   if (l->kernel != NULL) {
@@ -755,6 +774,7 @@ prnn_status_t run_gated(const prnn_problem_t *pb, bool backward, GatedParams p, 
   st = check_workspace(workspace, workspace_bytes, pl.workspace_bytes);
   if (st != PRNN_STATUS_SUCCESS) return st;
   if (l.cluster.kernel != NULL) return launch_gated_cluster(l.cluster, p, stream);
+  if (l.grid_family.kernel != NULL) return launch_gated_grid(l.grid_family, p, workspace, stream);
   if (l.kernel == NULL)
     return pb->cell == PRNN_CELL_LSTM ? run_stepwise_cell<LstmCell>(pb, backward, p, workspace, stream)
                                       : run_stepwise_cell<GruCell>(pb, backward, p, workspace, stream);

@@ -24,81 +24,30 @@
 #include "dsmem.cuh"
 #include "exchange.cuh"
 #include "gated_cluster.cuh"
-#include "mma.cuh"
+#include "gated_mma.cuh"
 
 namespace prnn {
 namespace {
 
-const int kWarps = kClusterThreads / 32;
-const int kSeqs = 8;         /* sequences a cluster carries: mma n = 8, a warp's epilogue each */
+const int kWarps = kMmaWarps;
+const int kSeqs = kMmaSeqs;  /* sequences a cluster carries */
 const int kMaxKTiles = 4;    /* U = 8 KT <= 32: a lane per unit; K extent 128 KT >= H */
 const int kMaxCtas = 16;
-
-/* A pass's on-chip layout: ROWS live rows of A (zero-padded to m-tiles of
- * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends. */
-template <int ROWS, int KTILES, int SLICE>
-struct ClusterShape {
-  static const int kRows = ROWS;
-  static const int kMTiles = (ROWS + 15) / 16;
-  static const int kKTiles = KTILES;
-  static const int kKExtent = kWarps * KTILES * 16;                 /* columns of A a CTA covers */
-  static const int kStatePitch = kKExtent + 8;                      /* 16-bit [8][K + 8]: ldmatrix free of conflicts */
-  static const int kPartialPitch = 16 * kMTiles + 4;                /* fp32: the C fragments' stores hit 32 banks */
-  static const int kSlice = SLICE;
-  static const int kSlicePitch = SLICE + 8;                         /* 16-bit [8][SLICE + 8]: rows 16-byte aligned */
-  static const int kBarBytes = 2 * kWarps * 8;                      /* mbarriers [2 buffers][8 warps] */
-  static const int kStepBytes = 2 * kSeqs * kStatePitch * 2 + kWarps * kSeqs * kPartialPitch * 4 +
-                                kSeqs * kSlicePitch * 2;
-  static const int kStageBytes = 16 * kMTiles * kStatePitch * 2;    /* A staged [16 MT][K + 8] for ldmatrix */
-  static const int kSmemBytes = kBarBytes + (kStepBytes > kStageBytes ? kStepBytes : kStageBytes);
-};
 
 /* Forward: A = the CTA's G U gate rows of W_hh, K = H (<= 128 KT), a CTA
  * sends its U new h values. Backward: A = W_hh^T's rows of the CTA's U
  * units, K = the gate gradients of t+1 in G blocks of Hp = C U (<= 16 U =
  * 128 G KT), a CTA sends its G U gate gradients. */
 template <class Cell, int KT>
-struct ForwardShape : ClusterShape<Cell::kGates * 8 * KT, KT, 8 * KT> {};
+struct ForwardShape : MmaShape<Cell::kGates * 8 * KT, KT, 8 * KT> {};
 template <class Cell, int KT>
-struct BackwardShape : ClusterShape<8 * KT, Cell::kGates * KT, Cell::kGates * 8 * KT> {};
+struct BackwardShape : MmaShape<8 * KT, Cell::kGates * KT, Cell::kGates * 8 * KT> {};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* The shared memory of a pass: barriers, two state buffers, the partial sums, the slice. */
-template <class S>
-struct ClusterSmem {
-  uint64_t *bars;
-  unsigned char *space;    /* the step's buffers, or A staged before the steps */
-  unsigned short *state;   /* [2][kSeqs][kStatePitch] */
-  float *partial;          /* [kWarps][kSeqs][kPartialPitch] */
-  unsigned short *slice;   /* [kSeqs][kSlicePitch] */
-  __device__ __forceinline__ explicit ClusterSmem(unsigned char *smem)
-      : bars(reinterpret_cast<uint64_t *>(smem)),
-        space(smem + S::kBarBytes),
-        state(reinterpret_cast<unsigned short *>(space)),
-        partial(reinterpret_cast<float *>(space + 2 * kSeqs * S::kStatePitch * 2)),
-        slice(reinterpret_cast<unsigned short *>(partial + kWarps * kSeqs * S::kPartialPitch)) {}
-};
-
-/* A fragments from A staged in shared memory as [16 MT][kStatePitch]:
- * a[m][kt] = rows 16m + {g, g+8}, k = 16 (warp KT + kt) + {2q, 2q+8} (+1). */
-template <class S>
-__device__ __forceinline__ void load_fragments(const unsigned short *stage, int warp, int lane,
-                                               uint32_t (&a)[S::kMTiles][S::kKTiles][4]) {
-  const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(stage);
-#pragma unroll
-  for (int m = 0; m < S::kMTiles; ++m)
-#pragma unroll
-    for (int kt = 0; kt < S::kKTiles; ++kt) {
-      const int r = 16 * m + (lane & 15), k = (warp * S::kKTiles + kt) * 16 + 8 * (lane >> 4);
-      ldmatrix_x4(stage_base + (uint32_t)((r * S::kStatePitch + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
-                  a[m][kt][3]);
-    }
-}
-
 /* Both state buffers zero (padding columns stay zero), the barriers set, and
  * every CTA of the cluster past that before any peer writes into it. */
 template <class S>
-__device__ __forceinline__ void start_exchange(const ClusterSmem<S> &sm, int tid) {
+__device__ __forceinline__ void start_exchange(const MmaSmem<S> &sm, int tid) {
   for (int i = tid; i < 2 * kSeqs * S::kStatePitch / 8; i += kClusterThreads)
     reinterpret_cast<uint4 *>(sm.state)[i] = make_uint4(0, 0, 0, 0);
   const uint32_t bar_base = (uint32_t)__cvta_generic_to_shared(sm.bars);
@@ -121,64 +70,6 @@ __device__ __forceinline__ void wait_state(uint32_t bar, int use) {
   for (unsigned round = 1; !mbarrier_done(bar, ((use - 1) >> 1) & 1); ++round) watchdog(round, &since);
 }
 
-/* A times the state buffer `buffer` (8 sequences) over this warp's K slice,
- * then the C fragments (rows 16m + {g, g+8}, sequences 2q, 2q+1) into the
- * warp's partial sums [sequence][row]. */
-template <class S, typename E>
-__device__ __forceinline__ void products_to_partials(const uint32_t (&a)[S::kMTiles][S::kKTiles][4],
-                                                     const ClusterSmem<S> &sm, int buffer, int warp, int lane) {
-  const int MT = S::kMTiles, KT = S::kKTiles, SPITCH = S::kStatePitch, PPITCH = S::kPartialPitch;
-  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
-  float acc[MT][4];
-#pragma unroll
-  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-#pragma unroll
-  for (int kt = 0; kt < KT; kt += 2) {
-    const int k0 = (warp * KT + kt) * 16;
-    const uint32_t b_addr = state_base + (uint32_t)(((buffer * kSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2);
-    uint32_t b0, b1, b2, b3;
-    if (kt + 1 < KT) {
-      ldmatrix_x4(b_addr, b0, b1, b2, b3);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
-    } else {
-      ldmatrix_x2(b_addr, b0, b1);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
-    }
-  }
-  const int g8 = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    float *part = sm.partial + (warp * kSeqs + 2 * q) * PPITCH + 16 * m + g8;
-    part[0] = acc[m][0];
-    part[PPITCH] = acc[m][1];
-    part[8] = acc[m][2];
-    part[PPITCH + 8] = acc[m][3];
-  }
-}
-
-/* Row r of sequence n summed over the 8 warps' partial sums, as a tree. */
-template <class S>
-__device__ __forceinline__ float sum_partials(const ClusterSmem<S> &sm, int n, int r) {
-  const float *part = sm.partial + n * S::kPartialPitch + r;
-  const int stride = kSeqs * S::kPartialPitch;
-  float s4[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) s4[w] = part[w * stride] + part[(w + 4) * stride];
-  return (s4[0] + s4[1]) + (s4[2] + s4[3]);
-}
-
-/* The G gate inputs xp of unit u of sequence b at step t (read-only here: written before the launch). */
-template <class Cell, typename E>
-__device__ __forceinline__ void load_gate_inputs(const GatedParams &p, int t, int b, int u, bool mine,
-                                                 float (&xp)[Cell::kGates]) {
-  const E *src = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
-#pragma unroll
-  for (int g = 0; g < Cell::kGates; ++g) xp[g] = mine && t < p.steps ? to_accum(__ldg(src + (size_t)g * p.hidden)) : 0.f;
-}
 #endif
 
 /*
@@ -196,7 +87,7 @@ template <class Cell, typename E, int KT>
 __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(const GatedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef ForwardShape<Cell, KT> S;
-  const int G = Cell::kGates, U = 8 * KT, KEXT = S::kKExtent, SPITCH = S::kStatePitch, SLPITCH = S::kSlicePitch;
+  const int U = 8 * KT, SPITCH = S::kStatePitch, SLPITCH = S::kSlicePitch;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
@@ -205,57 +96,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   const int seq0 = (int)cluster_index() * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
   extern __shared__ __align__(16) unsigned char smem[];
-  const ClusterSmem<S> sm(smem);
+  const MmaSmem<S> sm(smem);
 
-  /* A staged through shared memory as 16-byte chunks along k, then into fragments. */
   uint32_t a[S::kMTiles][S::kKTiles][4];
-  {
-    unsigned short *stage = reinterpret_cast<unsigned short *>(sm.space);
-    const E *w_hh = static_cast<const E *>(p.w_hh);
-    const bool wide = p.w_hh_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(w_hh) & 15) == 0;
-    const int chunks = 16 * S::kMTiles * (KEXT / 8);
-#pragma unroll 4
-    for (int c = tid; c < chunks; c += kClusterThreads) {
-      const int r = c / (KEXT / 8), k = (c % (KEXT / 8)) * 8;
-      const int gate = r / U, ul = r % U;
-      const bool row_live = r < S::kRows && u0 + ul < H;
-      const E *src = w_hh + (int64_t)(gate * H + u0 + ul) * p.w_hh_stride + k;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row_live && wide && k + 8 <= H) {
-        v = __ldg(reinterpret_cast<const uint4 *>(src));
-      } else if (row_live) {
-        uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (k + j < H) w[j / 2] |= bits16(src[j]) << (16 * (j & 1));
-        v = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-      *reinterpret_cast<uint4 *>(stage + r * SPITCH + k) = v;
-    }
-    __syncthreads();
-    load_fragments<S>(stage, warp, lane, a);
-    __syncthreads(); /* the staging area is the state buffers' */
-  }
+  load_gate_rows<S, E, U>(p, u0, reinterpret_cast<unsigned short *>(sm.space), tid, a); /* the staging area is the state buffers' */
   start_exchange<S>(sm, tid);
-  const E *h0 = static_cast<const E *>(p.h0);
-  for (int i = tid; i < live * H; i += kClusterThreads) {
-    const int n = i / H, k = i % H;
-    sm.state[n * SPITCH + k] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
-  }
+  load_initial_state<S, E>(p, sm.state, seq0, live, tid);
 
-  /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. Its b_hh and c stay in registers. */
+  /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
   const int b = seq0 + warp, ul = lane, u = u0 + lane;
   const bool mine = warp < live && lane < U && u < H;
-  UnitInputs<Cell, float> in;
-  const E *b_hh = static_cast<const E *>(p.b_hh);
-#pragma unroll
-  for (int g = 0; g < G; ++g) in.bias[g] = mine && b_hh != NULL ? to_accum(b_hh[g * H + u]) : 0.f;
-  float cell = mine && Cell::kCarriesCell ? to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]) : 0.f;
-  /* xp of this step and the next two (loads run two steps ahead, as in cluster.cuh) */
-  float next_xp[G], after_xp[G];
-  load_gate_inputs<Cell, E>(p, 0, b, u, mine, in.xp);
-  load_gate_inputs<Cell, E>(p, 1, b, u, mine, next_xp);
-  load_gate_inputs<Cell, E>(p, 2, b, u, mine, after_xp);
+  ForwardUnitState<Cell, E> unit(p, b, u, mine);
 
   cluster_arrive();
   cluster_wait();
@@ -266,7 +117,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   const bool exchange = warp_bytes > 0;
   const SliceStores<U> stores(live, tid); /* a step's stores: 8 units of one live sequence each */
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
-  E *y = static_cast<E *>(p.y);
 
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
@@ -278,31 +128,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
     products_to_partials<S, E>(a, sm, cur, warp, lane);
     __syncthreads();
 
-    if (warp < live && lane < U) {
-      unsigned short h_bits = 0; /* padding units publish zeros */
-      if (mine) {
-        float mat[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) mat[g] = sum_partials<S>(sm, warp, g * U + ul);
-        const float own = from_bits<E>(prev[warp * SPITCH + u]); /* h_{t-1} of this unit */
-        float out, carry;
-        const size_t o = ((size_t)t * B + b) * H + u;
-        h_bits = prev[warp * SPITCH + u]; /* past the length the state stays */
-        if (forward_unit<Cell, E, float, FastMath>(p, t, b, u, in, mat, Cell::kCarriesCell ? cell : own, &out, &carry)) {
-          const E oe = Round<E>::to(out);
-          y[o] = oe;
-          h_bits = (unsigned short)bits16(oe);
-          if (Cell::kCarriesCell) cell = carry;
-        } else {
-          y[o] = Round<E>::to(0.f);
-        }
-        if (t == T - 1) {
-          static_cast<unsigned short *>(p.h_n)[(size_t)b * H + u] = h_bits;
-          if (Cell::kCarriesCell) static_cast<E *>(p.c_n)[(size_t)b * H + u] = Round<E>::to(cell);
-        }
-      }
-      sm.slice[warp * SLPITCH + ul] = h_bits;
-    }
+    if (warp < live && lane < U) /* padding units publish zeros */
+      sm.slice[warp * SLPITCH + ul] =
+          mine ? forward_unit_step<Cell, E, S, U>(p, sm, prev, t, warp, b, ul, u, unit.in, &unit.cell) : 0;
     __syncthreads();
 
     /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
@@ -310,12 +138,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
       stores.template send<kSeqs>(ctas, sm.slice, SLPITCH, state_base, 1 - cur, SPITCH,
                                   [&](int r) { return u0 + r; },
                                   [&](int col) { return bar(1 - cur, col / (16 * KT)); });
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      in.xp[g] = next_xp[g];
-      next_xp[g] = after_xp[g];
-    }
-    if (t + 3 < T) load_gate_inputs<Cell, E>(p, t + 3, b, u, mine, after_xp);
+    unit.advance(p, t, b, u, mine);
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 9.0 */
@@ -345,7 +168,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
   const int seq0 = (int)cluster_index() * p.group_seqs;
   const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
   extern __shared__ __align__(16) unsigned char smem[];
-  const ClusterSmem<S> sm(smem);
+  const MmaSmem<S> sm(smem);
 
   /* A = the CTA's columns of W_hh, transposed: staged as [unit][g Hp + v] = W_hh[g H + v][u0 + unit]. */
   uint32_t a[S::kMTiles][S::kKTiles][4];

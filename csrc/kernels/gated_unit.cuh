@@ -40,8 +40,9 @@ struct GatedParams {
   int k_padded;                    /* K of the on-chip matrix, padded to kKAlign */
   int batch_tile;                  /* sequences staged at once */
   float *xchg;                     /* 2 x batch x k_padded exchanged values (K = S forward, G*H backward) */
-  /* cluster family (gated_cluster.cu) */
-  int group_seqs;                  /* sequences a cluster carries, 1..8 */
+  /* cluster and grid families (gated_cluster.cu, gated_grid.cu) */
+  int group_seqs;                  /* sequences a cluster or group carries, 1..8 */
+  unsigned long long *words;       /* grid family: 2 x batch x words a sequence, the exchanged state */
 };
 
 /* ---------------------------------------------------------------- units */

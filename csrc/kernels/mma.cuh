@@ -28,7 +28,7 @@ PRNN_MMA_OP(__nv_bfloat16, "bf16")
 PRNN_MMA_OP(__half, "f16")
 #undef PRNN_MMA_OP
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 /* 8 x 8 16-bit matrices from shared memory: x4 takes the row addresses of
  * lanes 0-31, x2 those of lanes 0-15; .trans transposes each matrix. */
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,

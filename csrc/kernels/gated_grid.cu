@@ -1,0 +1,226 @@
+/*
+ * gated_grid.cu - the 16-bit forward of the gated cells (LSTM, GRU) on one
+ * cooperative grid without clusters: W_hh in the register files as
+ * tensor-core fragments for the whole sequence (gated_mma.cuh), the state
+ * exchanged through L2 as tagged words (exchange.cuh). sm_80 and later, H up
+ * to 1024, no projection; where clusters run, the cluster family
+ * (gated_cluster.cu) takes H <= 512 first.
+ *
+ * A group of C = ceil(H / 16) CTAs carries up to 8 sequences, groups side by
+ * side; CTA r of a group owns the 16 hidden units [16 r, 16 r + 16) and all
+ * G of their gate rows (local row 16 g + ul is W_hh row g H + 16 r + ul), so
+ * a unit's cell update and c stay in the thread that owns the unit. One step:
+ *   every CTA loads its group's whole h_{t-1} from L2 (words {tag: high 32
+ *   bits, two 16-bit values}, tag = t, all in flight, the stale ones loaded
+ *   again in rounds until every tag matches) into its shared state buffer ->
+ *   mma.m16n8k16 over each warp's K slice -> partial sums -> warp n, lane
+ *   ul: the cell of unit ul of sequence n -> units 2i, 2i + 1 of h_t in one
+ *   word of tag t + 1, stored at GPU scope. An aligned 8-byte access is
+ *   single-copy atomic, so a matching tag proves the values: no fence, no flag.
+ * The words lie in two buffers by step parity. A CTA writes step t + 1's
+ * words over step t - 1's only after it has read every word of step t, and
+ * each of those was written after its writer had read all of step t - 1.
+ */
+#include <string.h>
+
+#include "cuda_status.cuh"
+#include "exchange.cuh"
+#include "gated_grid.cuh"
+#include "gated_mma.cuh"
+
+namespace prnn {
+namespace {
+
+const int kUnits = 16;     /* hidden units a CTA: all their gate rows, 48 or 64, in 3-4 m-tiles */
+const int kMaxKTiles = 8;  /* K extent 128 KT >= H: H <= 1024 */
+
+template <class Cell, int KT>
+struct GridShape : MmaShape<Cell::kGates * kUnits, KT, kUnits> {};
+
+/* The words of a sequence's state: two units a word, C CTAs of kUnits; even,
+ * so that a 16-byte pair of words never straddles two sequences. */
+__host__ __device__ inline int words_per_seq(int ctas) { return ctas * kUnits / 2; }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+/* The `live` sequences of h_{t-1} (tag t) from their words `src` into the
+ * shared state buffer: this thread's 16-byte pairs j kMmaThreads + tid, at
+ * most KT of them (a group's live W / 2 pairs are at most 256 KT). */
+template <class S, int KT>
+__device__ __forceinline__ void load_state(const unsigned long long *src, int words, int live, unsigned tag,
+                                           unsigned short *state, int tid) {
+  const int pairs = live * words / 2;
+  unsigned long long w[KT][2];
+#pragma unroll
+  for (int j = 0; j < KT; ++j) {
+    const int i = j * kMmaThreads + tid;
+    if (i < pairs) load_word_pair(src + 2 * i, w[j][0], w[j][1]);
+  }
+  unsigned long long since = 0; /* for the watchdog */
+  for (unsigned round = 1;; ++round) {
+    bool all = true;
+#pragma unroll
+    for (int j = 0; j < KT; ++j) {
+      const int i = j * kMmaThreads + tid;
+      if (i < pairs && (tag_of(w[j][0]) != tag || tag_of(w[j][1]) != tag)) {
+        all = false;
+        load_word_pair(src + 2 * i, w[j][0], w[j][1]);
+      }
+    }
+    if (all) break;
+    watchdog(round, &since);
+  }
+#pragma unroll
+  for (int j = 0; j < KT; ++j) {
+    const int i = j * kMmaThreads + tid;
+    if (i < pairs) {
+      const int n = 2 * i / words, k = 2 * i % words; /* words k, k + 1 of sequence n: units 2k .. 2k + 3 */
+      uint32_t *dst = reinterpret_cast<uint32_t *>(state + n * S::kStatePitch + 2 * k);
+      dst[0] = (uint32_t)w[j][0];
+      dst[1] = (uint32_t)w[j][1];
+    }
+  }
+}
+#endif
+
+template <class Cell, typename E, int KT>
+__global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const GatedParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  typedef GridShape<Cell, KT> S;
+  const int U = kUnits, SPITCH = S::kStatePitch;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = p.steps, B = p.batch, H = p.hidden;
+  const int ctas = (H + U - 1) / U, words = words_per_seq(ctas);
+  const int rank = (int)blockIdx.x % ctas, u0 = rank * U;
+  if (p.group_seqs < 1 || p.group_seqs > kMmaSeqs) __trap(); /* the launcher's contract: 1..8 */
+  const int seq0 = (int)blockIdx.x / ctas * p.group_seqs;
+  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const MmaSmem<S> sm(smem);
+
+  uint32_t a[S::kMTiles][S::kKTiles][4];
+  load_gate_rows<S, E, U>(p, u0, reinterpret_cast<unsigned short *>(sm.space), tid, a);
+  /* The state buffer zero (padding columns stay zero), then h_{-1} = h0. */
+  for (int i = tid; i < kMmaSeqs * SPITCH / 8; i += kMmaThreads)
+    reinterpret_cast<uint4 *>(sm.state)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  load_initial_state<S, E>(p, sm.state, seq0, live, tid);
+
+  /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
+  const int b = seq0 + warp, ul = lane, u = u0 + lane;
+  const bool mine = warp < live && lane < U && u < H;
+  ForwardUnitState<Cell, E> unit(p, b, u, mine);
+  unsigned long long *xchg = p.words;
+
+  for (int t = 0; t < T; ++t) {
+    __syncthreads(); /* step t - 1's epilogue has read the state buffer */
+    if (t > 0) {
+      load_state<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, sm.state, tid);
+      __syncthreads();
+    }
+    products_to_partials<S, E>(a, sm, 0, warp, lane);
+    __syncthreads();
+
+    unsigned short h_bits = 0; /* padding units publish zeros */
+    if (mine) h_bits = forward_unit_step<Cell, E, S, U>(p, sm, sm.state, t, warp, b, ul, u, unit.in, &unit.cell);
+    const unsigned odd = __shfl_down_sync(0xffffffffu, (unsigned)h_bits, 1);
+    if (t + 1 < T && warp < live && lane < U && (lane & 1) == 0)
+      store_word(xchg + ((size_t)(t & 1) * B + b) * words + (u0 + lane) / 2,
+                 tagged_word((unsigned)t + 1, (uint32_t)h_bits | odd << 16));
+    unit.advance(p, t, b, u, mine);
+  }
+#else
+  __trap(); /* never launched: the planner requires compute capability 8.0 */
+#endif
+}
+
+/* The kernel of a cell, dtype and KT (1..kMaxKTiles), and its shared memory. */
+template <class Cell, typename E>
+void kernel_of(int k_tiles, const void **fn, int *smem) {
+  switch (k_tiles) {
+#define PRNN_GATED_GRID_CASE(KT)                              \
+  case KT:                                                    \
+    *fn = (const void *)gated_grid_forward<Cell, E, KT>;      \
+    *smem = GridShape<Cell, KT>::kSmemBytes;                  \
+    return;
+    PRNN_GATED_GRID_CASE(1)
+    PRNN_GATED_GRID_CASE(2)
+    PRNN_GATED_GRID_CASE(3)
+    PRNN_GATED_GRID_CASE(4)
+    PRNN_GATED_GRID_CASE(5)
+    PRNN_GATED_GRID_CASE(6)
+    PRNN_GATED_GRID_CASE(7)
+    PRNN_GATED_GRID_CASE(8)
+#undef PRNN_GATED_GRID_CASE
+  }
+  *fn = NULL;
+}
+
+/* CTAs of a kernel each multiprocessor holds at once, cached per device,
+ * cell, dtype and KT (0: not asked yet; -1: none: a build without code the
+ * device runs, or attributes it refuses). */
+const int kMaxDevices = 64;
+int g_per_sm[kMaxDevices][2][2][kMaxKTiles];
+
+int ctas_per_sm(int device, const prnn_problem_t *pb, int k_tiles, const void *fn, int smem) {
+  int *known = &g_per_sm[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][k_tiles - 1];
+  int per_sm = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (per_sm != 0) return per_sm;
+  cudaFuncAttributes fa;
+  cudaError_t err = cudaFuncGetAttributes(&fa, fn);
+  if (err == cudaSuccess && (fa.binaryVersion < 80 || fa.ptxVersion < 80)) err = cudaErrorNoKernelImageForDevice;
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int blocks = 0;
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kMmaThreads, smem);
+  if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
+  per_sm = err == cudaSuccess && blocks >= 1 ? blocks : -1;
+  __atomic_store_n(known, per_sm, __ATOMIC_RELEASE);
+  return per_sm;
+}
+
+}  // namespace
+
+prnn_status_t choose_gated_grid(const prnn_problem_t *pb, bool backward, int device, int major, int sms,
+                                bool cooperative, GatedGridLaunch *l) {
+  memset(l, 0, sizeof *l);
+  const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
+  if (backward || !half || pb->proj_size > 0 || major < 8 || !cooperative || pb->hidden > 128 * kMaxKTiles ||
+      device < 0 || device >= kMaxDevices)
+    return PRNN_STATUS_SUCCESS;
+  const int H = (int)pb->hidden, k_tiles = (H + 127) / 128, ctas = (H + kUnits - 1) / kUnits;
+  const void *fn = NULL;
+  int smem = 0;
+  if (pb->cell == PRNN_CELL_LSTM) {
+    if (pb->dtype == PRNN_DTYPE_BFLOAT16) kernel_of<LstmCell, __nv_bfloat16>(k_tiles, &fn, &smem);
+    else kernel_of<LstmCell, __half>(k_tiles, &fn, &smem);
+  } else {
+    if (pb->dtype == PRNN_DTYPE_BFLOAT16) kernel_of<GruCell, __nv_bfloat16>(k_tiles, &fn, &smem);
+    else kernel_of<GruCell, __half>(k_tiles, &fn, &smem);
+  }
+  const int per_sm = ctas_per_sm(device, pb, k_tiles, fn, smem);
+  /* every CTA resident at once (a cooperative launch); groups as small as that allows */
+  const int64_t most_groups = per_sm < 1 ? 0 : (int64_t)per_sm * sms / ctas;
+  if (most_groups < 1 || (pb->batch + kMmaSeqs - 1) / kMmaSeqs > most_groups) return PRNN_STATUS_SUCCESS;
+  const int group = (int)((pb->batch + most_groups - 1) / most_groups);
+  l->kernel = fn;
+  l->ctas = ctas;
+  l->rows = prnn_cell_gates(pb->cell) * kUnits;
+  l->group_seqs = group;
+  l->grid = ctas * (int)((pb->batch + group - 1) / group);
+  l->smem_bytes = smem;
+  l->workspace_bytes = 2 * (size_t)pb->batch * words_per_seq(ctas) * sizeof(unsigned long long);
+  return PRNN_STATUS_SUCCESS;
+}
+
+prnn_status_t launch_gated_grid(const GatedGridLaunch &l, GatedParams p, void *workspace, cudaStream_t stream) {
+  p.group_seqs = l.group_seqs;
+  p.words = static_cast<unsigned long long *>(workspace);
+  /* tags start at zero: no word of an earlier call can match a step's tag */
+  cudaError_t err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
+  void *args[] = {&p};
+  err = cudaLaunchCooperativeKernel(l.kernel, dim3(l.grid), dim3(kMmaThreads), args, (size_t)l.smem_bytes, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(gated grid kernel)");
+  return PRNN_STATUS_SUCCESS;
+}
+
+}  // namespace prnn

@@ -1,0 +1,249 @@
+/*
+ * gated_mma.cuh - the step of the gated cells' tensor-core families
+ * (gated_cluster.cu: one cluster per group, state exchanged through DSMEM;
+ * gated_grid.cu: one cooperative grid, state exchanged through L2), 16-bit
+ * W_hh in the register files as mma fragments: the on-chip layout, the
+ * staging of a CTA's gate rows, the products of a state buffer, the partial
+ * sums over the 8 warps, and the forward of one unit at one step.
+ *
+ * A CTA runs 8 warps; its A (rows of the recurrent matrix it owns) is split
+ * along K as the Elman cluster kernel (cluster.cuh) splits it: warp w holds
+ * the fragments of every m-tile for k-tiles [w KT, w KT + KT). A step's
+ * state is up to 8 sequences (mma n = 8), as 16-bit rows of a shared buffer.
+ */
+#ifndef PRNN_GATED_MMA_CUH
+#define PRNN_GATED_MMA_CUH
+
+#include "dsmem.cuh" /* the 16-bit bit patterns */
+#include "gated_unit.cuh"
+#include "mma.cuh"
+
+namespace prnn {
+
+const int kMmaThreads = 256;
+const int kMmaWarps = kMmaThreads / 32;
+const int kMmaSeqs = 8; /* sequences a group carries: mma n = 8, a warp's epilogue each */
+
+/* A pass's on-chip layout: ROWS live rows of A (zero-padded to m-tiles of
+ * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends. */
+template <int ROWS, int KTILES, int SLICE>
+struct MmaShape {
+  static const int kRows = ROWS;
+  static const int kMTiles = (ROWS + 15) / 16;
+  static const int kKTiles = KTILES;
+  static const int kKExtent = kMmaWarps * KTILES * 16;              /* columns of A a CTA covers */
+  static const int kStatePitch = kKExtent + 8;                      /* 16-bit [8][K + 8]: ldmatrix free of conflicts */
+  static const int kPartialPitch = 16 * kMTiles + 4;                /* fp32: the C fragments' stores hit 32 banks */
+  static const int kSlice = SLICE;
+  static const int kSlicePitch = SLICE + 8;                         /* 16-bit [8][SLICE + 8]: rows 16-byte aligned */
+  static const int kBarBytes = 2 * kMmaWarps * 8;                   /* mbarriers [2 buffers][8 warps] (clusters) */
+  static const int kStepBytes = 2 * kMmaSeqs * kStatePitch * 2 + kMmaWarps * kMmaSeqs * kPartialPitch * 4 +
+                                kMmaSeqs * kSlicePitch * 2;
+  static const int kStageBytes = 16 * kMTiles * kStatePitch * 2;    /* A staged [16 MT][K + 8] for ldmatrix */
+  static const int kSmemBytes = kBarBytes + (kStepBytes > kStageBytes ? kStepBytes : kStageBytes);
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+/* The shared memory of a pass: barriers, two state buffers, the partial sums, the slice. */
+template <class S>
+struct MmaSmem {
+  uint64_t *bars;
+  unsigned char *space;    /* the step's buffers, or A staged before the steps */
+  unsigned short *state;   /* [2][kMmaSeqs][kStatePitch] */
+  float *partial;          /* [kMmaWarps][kMmaSeqs][kPartialPitch] */
+  unsigned short *slice;   /* [kMmaSeqs][kSlicePitch] */
+  __device__ __forceinline__ explicit MmaSmem(unsigned char *smem)
+      : bars(reinterpret_cast<uint64_t *>(smem)),
+        space(smem + S::kBarBytes),
+        state(reinterpret_cast<unsigned short *>(space)),
+        partial(reinterpret_cast<float *>(space + 2 * kMmaSeqs * S::kStatePitch * 2)),
+        slice(reinterpret_cast<unsigned short *>(partial + kMmaWarps * kMmaSeqs * S::kPartialPitch)) {}
+};
+
+/* A fragments from A staged in shared memory as [16 MT][kStatePitch]:
+ * a[m][kt] = rows 16m + {g, g+8}, k = 16 (warp KT + kt) + {2q, 2q+8} (+1). */
+template <class S>
+__device__ __forceinline__ void load_fragments(const unsigned short *stage, int warp, int lane,
+                                               uint32_t (&a)[S::kMTiles][S::kKTiles][4]) {
+  const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(stage);
+#pragma unroll
+  for (int m = 0; m < S::kMTiles; ++m)
+#pragma unroll
+    for (int kt = 0; kt < S::kKTiles; ++kt) {
+      const int r = 16 * m + (lane & 15), k = (warp * S::kKTiles + kt) * 16 + 8 * (lane >> 4);
+      ldmatrix_x4(stage_base + (uint32_t)((r * S::kStatePitch + k) * 2), a[m][kt][0], a[m][kt][1], a[m][kt][2],
+                  a[m][kt][3]);
+    }
+}
+
+/* The fragments of a forward's A: the G gate rows of units [u0, u0 + U),
+ * local row g U + ul = W_hh row g H + u0 + ul (zero past H), staged through
+ * `stage` as 16-byte chunks along k. Ends with the staging area free. */
+template <class S, typename E, int U>
+__device__ __forceinline__ void load_gate_rows(const GatedParams &p, int u0, unsigned short *stage, int tid,
+                                               uint32_t (&a)[S::kMTiles][S::kKTiles][4]) {
+  const int H = p.hidden, KEXT = S::kKExtent;
+  const E *w_hh = static_cast<const E *>(p.w_hh);
+  const bool wide = p.w_hh_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(w_hh) & 15) == 0;
+  const int chunks = 16 * S::kMTiles * (KEXT / 8);
+#pragma unroll 4
+  for (int c = tid; c < chunks; c += kMmaThreads) {
+    const int r = c / (KEXT / 8), k = (c % (KEXT / 8)) * 8;
+    const int gate = r / U, ul = r % U;
+    const bool row_live = r < S::kRows && u0 + ul < H;
+    const E *src = w_hh + (int64_t)(gate * H + u0 + ul) * p.w_hh_stride + k;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row_live && wide && k + 8 <= H) {
+      v = __ldg(reinterpret_cast<const uint4 *>(src));
+    } else if (row_live) {
+      uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (k + j < H) w[j / 2] |= bits16(src[j]) << (16 * (j & 1));
+      v = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    *reinterpret_cast<uint4 *>(stage + r * S::kStatePitch + k) = v;
+  }
+  __syncthreads();
+  load_fragments<S>(stage, tid >> 5, tid & 31, a);
+  __syncthreads();
+}
+
+/* h_{-1} = h0 of the `live` sequences from seq0 into the state buffer (zero
+ * before: its padding columns stay zero). */
+template <class S, typename E>
+__device__ __forceinline__ void load_initial_state(const GatedParams &p, unsigned short *state, int seq0, int live,
+                                                   int tid) {
+  const E *h0 = static_cast<const E *>(p.h0);
+  const int H = p.hidden;
+  for (int i = tid; i < live * H; i += kMmaThreads) {
+    const int n = i / H, k = i % H;
+    state[n * S::kStatePitch + k] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
+  }
+}
+
+/* A times the state buffer `buffer` (8 sequences) over this warp's K slice,
+ * then the C fragments (rows 16m + {g, g+8}, sequences 2q, 2q+1) into the
+ * warp's partial sums [sequence][row]. */
+template <class S, typename E>
+__device__ __forceinline__ void products_to_partials(const uint32_t (&a)[S::kMTiles][S::kKTiles][4],
+                                                     const MmaSmem<S> &sm, int buffer, int warp, int lane) {
+  const int MT = S::kMTiles, KT = S::kKTiles, SPITCH = S::kStatePitch, PPITCH = S::kPartialPitch;
+  const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
+  float acc[MT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+#pragma unroll
+  for (int kt = 0; kt < KT; kt += 2) {
+    const int k0 = (warp * KT + kt) * 16;
+    const uint32_t b_addr = state_base + (uint32_t)(((buffer * kMmaSeqs + (lane & 7)) * SPITCH + k0 + 8 * (lane >> 3)) * 2);
+    uint32_t b0, b1, b2, b3;
+    if (kt + 1 < KT) {
+      ldmatrix_x4(b_addr, b0, b1, b2, b3);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
+    } else {
+      ldmatrix_x2(b_addr, b0, b1);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+    }
+  }
+  const int g8 = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float *part = sm.partial + (warp * kMmaSeqs + 2 * q) * PPITCH + 16 * m + g8;
+    part[0] = acc[m][0];
+    part[PPITCH] = acc[m][1];
+    part[8] = acc[m][2];
+    part[PPITCH + 8] = acc[m][3];
+  }
+}
+
+/* Row r of sequence n summed over the 8 warps' partial sums, as a tree. */
+template <class S>
+__device__ __forceinline__ float sum_partials(const MmaSmem<S> &sm, int n, int r) {
+  const float *part = sm.partial + n * S::kPartialPitch + r;
+  const int stride = kMmaSeqs * S::kPartialPitch;
+  float s4[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) s4[w] = part[w * stride] + part[(w + 4) * stride];
+  return (s4[0] + s4[1]) + (s4[2] + s4[3]);
+}
+
+/* The G gate inputs xp of unit u of sequence b at step t (read-only here: written before the launch). */
+template <class Cell, typename E>
+__device__ __forceinline__ void load_gate_inputs(const GatedParams &p, int t, int b, int u, bool mine,
+                                                 float (&xp)[Cell::kGates]) {
+  const E *src = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
+#pragma unroll
+  for (int g = 0; g < Cell::kGates; ++g) xp[g] = mine && t < p.steps ? to_accum(__ldg(src + (size_t)g * p.hidden)) : 0.f;
+}
+
+/* What this thread's unit (sequence b, unit u; mine: it has one) carries
+ * through the forward: its b_hh and c in registers, and xp of this step and
+ * the next two (loads run two steps ahead, as in cluster.cuh). */
+template <class Cell, typename E>
+struct ForwardUnitState {
+  UnitInputs<Cell, float> in;
+  float cell;
+  float next_xp[Cell::kGates], after_xp[Cell::kGates];
+  __device__ __forceinline__ ForwardUnitState(const GatedParams &p, int b, int u, bool mine) {
+    const E *b_hh = static_cast<const E *>(p.b_hh);
+#pragma unroll
+    for (int g = 0; g < Cell::kGates; ++g) in.bias[g] = mine && b_hh != NULL ? to_accum(b_hh[g * p.hidden + u]) : 0.f;
+    cell = mine && Cell::kCarriesCell ? to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]) : 0.f;
+    load_gate_inputs<Cell, E>(p, 0, b, u, mine, in.xp);
+    load_gate_inputs<Cell, E>(p, 1, b, u, mine, next_xp);
+    load_gate_inputs<Cell, E>(p, 2, b, u, mine, after_xp);
+  }
+  /* After step t: step t + 1's inputs in place, step t + 3's on their way. */
+  __device__ __forceinline__ void advance(const GatedParams &p, int t, int b, int u, bool mine) {
+#pragma unroll
+    for (int g = 0; g < Cell::kGates; ++g) {
+      in.xp[g] = next_xp[g];
+      next_xp[g] = after_xp[g];
+    }
+    if (t + 3 < p.steps) load_gate_inputs<Cell, E>(p, t + 3, b, u, mine, after_xp);
+  }
+};
+
+/* The forward of this thread's unit at step t (warp n = sequence b, lane ul
+ * = unit u) from the partial sums and h_{t-1} in `prev`: writes y (and h_n,
+ * c_n at the last step), carries c in *cell; returns the bits of the unit's
+ * state after the step (h_{t-1}'s past the length). */
+template <class Cell, typename E, class S, int U>
+__device__ __forceinline__ unsigned short forward_unit_step(const GatedParams &p, const MmaSmem<S> &sm,
+                                                            const unsigned short *prev, int t, int n, int b,
+                                                            int ul, int u, const UnitInputs<Cell, float> &in,
+                                                            float *cell) {
+  const int G = Cell::kGates, H = p.hidden;
+  float mat[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) mat[g] = sum_partials<S>(sm, n, g * U + ul);
+  const unsigned short own = prev[n * S::kStatePitch + u]; /* h_{t-1} of this unit */
+  float out, carry;
+  const size_t o = ((size_t)t * p.batch + b) * H + u;
+  unsigned short h_bits = own; /* past the length the state stays */
+  E *y = static_cast<E *>(p.y);
+  if (forward_unit<Cell, E, float, FastMath>(p, t, b, u, in, mat, Cell::kCarriesCell ? *cell : from_bits<E>(own),
+                                             &out, &carry)) {
+    const E oe = Round<E>::to(out);
+    y[o] = oe;
+    h_bits = (unsigned short)bits16(oe);
+    if (Cell::kCarriesCell) *cell = carry;
+  } else {
+    y[o] = Round<E>::to(0.f);
+  }
+  if (t == p.steps - 1) {
+    static_cast<unsigned short *>(p.h_n)[(size_t)b * H + u] = h_bits;
+    if (Cell::kCarriesCell) static_cast<E *>(p.c_n)[(size_t)b * H + u] = Round<E>::to(*cell);
+  }
+  return h_bits;
+}
+#endif
+
+}  // namespace prnn
+
+#endif /* PRNN_GATED_MMA_CUH */
