@@ -1,7 +1,8 @@
 """The gated grid family's forward (bench/NOTES.md step 53): H 640 and 1024,
 and H 256 / 512 with the cluster tier disabled (the path of GPUs without
 clusters), eager and replayed in a CUDA graph, against nn.LSTM / nn.GRU
-likewise in the same process; T = 256, JSON into $OUT.
+likewise in the same process; T = 256, JSON into the folder named as its argument
+(default: the current one).
 
     python3 bench/lab/gated_grid_bench.py
 """
@@ -33,4 +34,4 @@ for cell, dn, B, H, off in grid:
     print(f"{cell:4} {dn:8} B={B:2} H={H:4} clusters={'on ' if off == '0' else 'off'} {r['tier'][-10:]:10} ours {r['ours']:5.2f} (graph {r['ours_graph']:5.2f}) "
           f"nn {r['nn']:6.2f} graph {r['graph']:5.2f}  x{r['graph']/r['ours_graph']:4.1f} graph, x{r['nn']/r['ours']:4.1f} eager  err {r['err']:.1e}", flush=True)
 os.environ["PRNN_DISABLE_CLUSTER_TIER"] = "0"
-json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "grid_bench.json"), "w"), indent=1)
+json.dump(rows, open(os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "grid_bench.json"), "w"), indent=1)

@@ -1,7 +1,8 @@
 """Where a 16-bit gated training call's time goes (bench/NOTES.md step 51):
 the forward and backward ops alone, the module's forward+backward eager and
 replayed in a CUDA graph, with the cluster family on and off
-(PRNN_DISABLE_CLUSTER_TIER); T = 256, JSON into $OUT.
+(PRNN_DISABLE_CLUSTER_TIER); T = 256, JSON into the folder named as its argument
+(default: the current one).
 
     python3 bench/lab/gated_parts.py
 """
@@ -57,4 +58,4 @@ for cell in ("lstm", "gru"):
             rows.append(r)
             print(f"{cell:4} {dn} B={B:2} H={H}: fwd op {r['fwd_op_cl']:.2f} mod {r['fwd_mod']:.2f} | bwd op cl {r['bwd_op_cl']:.2f} ps {r['bwd_op_ps']:.2f} "
                   f"| fb eager cl {r['fb_cl']:.2f} ps {r['fb_ps']:.2f} | fb graph cl {r['fb_graph_cl']:.2f} ps {r['fb_graph_ps']:.2f}", flush=True)
-json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "gated_parts.json"), "w"), indent=1)
+json.dump(rows, open(os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "gated_parts.json"), "w"), indent=1)

@@ -1,7 +1,8 @@
 """The training crossover of the 16-bit gated cells where their cluster
 family runs (bench/NOTES.md step 52): PersistentLSTM / PersistentGRU with
 the hand-over off against nn.LSTM / nn.GRU, eager forward+backward, T = 256,
-two rounds each; JSON into $OUT (default: the current folder).
+two rounds each; JSON into the folder named
+as its argument (default: the current one).
 
     python3 bench/lab/training_crossover.py
 """
@@ -29,4 +30,4 @@ for cell in ("lstm", "gru"):
                 rows.append(r)
                 print(f"{cell:4} {dn:8} H={H:4} B={B:2} {r['tier'][-9:]:9} ours {r['ours']:6.2f} {r['ours2']:6.2f} nn {r['nn']:6.2f} {r['nn2']:6.2f} "
                       f"x{min(r['nn'], r['nn2']) / max(r['ours'], r['ours2']):4.2f}", flush=True)
-json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "cross_fb.json"), "w"), indent=1)
+json.dump(rows, open(os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "cross_fb.json"), "w"), indent=1)
