@@ -44,6 +44,18 @@ template <class Cell, int KT>
 struct BackwardShape : MmaShape<8 * KT, Cell::kGates * KT, Cell::kGates * 8 * KT> {};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* Where this CTA sits: its rank among the cluster's CTAs, the cluster's
+ * first sequence and how many of its p.group_seqs sequences exist. */
+struct ClusterPlace {
+  unsigned rank, ctas;
+  int seq0, live;
+  __device__ __forceinline__ explicit ClusterPlace(const GatedParams &p) : rank(cluster_rank()), ctas(cluster_size()) {
+    if (p.group_seqs < 1 || p.group_seqs > kSeqs) __trap(); /* the launcher's contract: 1..8 */
+    seq0 = (int)cluster_index() * p.group_seqs;
+    live = p.batch - seq0 < p.group_seqs ? p.batch - seq0 : p.group_seqs;
+  }
+};
+
 /* Both state buffers zero (padding columns stay zero), the barriers set, and
  * every CTA of the cluster past that before any peer writes into it. */
 template <class S>
@@ -89,12 +101,10 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   typedef ForwardShape<Cell, KT> S;
   const int U = 8 * KT, SPITCH = S::kStatePitch, SLPITCH = S::kSlicePitch;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int T = p.steps, B = p.batch, H = p.hidden;
-  const unsigned rank = cluster_rank(), ctas = cluster_size();
-  const int u0 = (int)rank * U;
-  if (p.group_seqs < 1 || p.group_seqs > kSeqs) __trap(); /* the launcher's contract: 1..8 */
-  const int seq0 = (int)cluster_index() * p.group_seqs;
-  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
+  const int T = p.steps, H = p.hidden;
+  const ClusterPlace at(p);
+  const unsigned ctas = at.ctas;
+  const int u0 = (int)at.rank * U, seq0 = at.seq0, live = at.live;
   extern __shared__ __align__(16) unsigned char smem[];
   const MmaSmem<S> sm(smem);
 
@@ -161,12 +171,10 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
   typedef BackwardShape<Cell, KT> S;
   const int G = Cell::kGates, U = 8 * KT, SPITCH = S::kStatePitch, SLPITCH = S::kSlicePitch;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int T = p.steps, B = p.batch, H = p.hidden;
-  const unsigned rank = cluster_rank(), ctas = cluster_size();
-  const int u0 = (int)rank * U, Hp = (int)ctas * U;
-  if (p.group_seqs < 1 || p.group_seqs > kSeqs) __trap(); /* the launcher's contract: 1..8 */
-  const int seq0 = (int)cluster_index() * p.group_seqs;
-  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
+  const int T = p.steps, H = p.hidden;
+  const ClusterPlace at(p);
+  const unsigned ctas = at.ctas;
+  const int u0 = (int)at.rank * U, Hp = (int)ctas * U, seq0 = at.seq0, live = at.live;
   extern __shared__ __align__(16) unsigned char smem[];
   const MmaSmem<S> sm(smem);
 
