@@ -100,8 +100,9 @@ typedef enum prnn_tier {
                                        to 8 sequences a cluster, W_hh in registers as
                                        tensor-core fragments; float32, one sequence a cluster,
                                        W_hh in registers and shared memory, FFMA. Gated
-                                       cells: the 16-bit forward up to H = 512, a CTA
-                                       holding all gate rows of its units */
+                                       cells: 16 bits up to H = 512, a CTA holding all
+                                       gate rows of its units (forward) or their columns
+                                       of W_hh (backward) */
   PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6 /* several clusters at once (sm_90, H 1153 to 2048, B >= 5):
                                        W_hh over ceil(H / 160) clusters of 8 CTAs (8 to 13), 20
                                        rows a CTA, 4 of each warp's 5 rows in registers and 1 in
