@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _crossover, _short
+from . import _crossover, _recurrent, _short
 
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
@@ -355,25 +355,8 @@ class PersistentRNN(nn.Module):
             output, h_n = output.squeeze(batch_dim), h_n.squeeze(1)
         return output, h_n
 
-    def _check_input(self, input: Tensor, expected_dim: int) -> None:
-        # Under TorchScript the ops check the dtypes, as nn.RNN's do there.
-        if not torch.jit.is_scripting():
-            weight = self._parameters.get("weight_ih_l0")
-            if weight is None:  # replaced by weight_norm or a parametrization
-                weight = self.weight_ih_l0
-            if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
-                raise ValueError(
-                    f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "
-                    f"Convert input: input.to({weight.dtype}), or convert model: "
-                    f"model.to({input.dtype})"
-                )
-        if input.dim() != expected_dim:
-            raise RuntimeError(f"input must have {expected_dim} dimensions, got {input.dim()}")
-        if self.input_size != input.size(-1):
-            raise RuntimeError(
-                "input.size(-1) must be equal to input_size. Expected "
-                f"{self.input_size}, got {input.size(-1)}"
-            )
+    # The gated modules' check (dtype, rank, input_size), the same for every cell.
+    _check_input = _recurrent.PersistentRNNBase._check_input
 
     def _weights(self, index: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """(w_ih, w_hh, b_ih, b_hh) of one layer and direction (biases None without bias)."""
