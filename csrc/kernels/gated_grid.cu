@@ -10,16 +10,21 @@
  * side; CTA r of a group owns the 16 hidden units [16 r, 16 r + 16) and all
  * G of their gate rows (local row 16 g + ul is W_hh row g H + 16 r + ul), so
  * a unit's cell update and c stay in the thread that owns the unit. One step:
- *   every CTA loads its group's whole h_{t-1} from L2 (words {tag: high 32
- *   bits, two 16-bit values}, tag = t, all in flight, the stale ones loaded
- *   again in rounds until every tag matches) into its shared state buffer ->
- *   mma.m16n8k16 over each warp's K slice -> partial sums -> warp n, lane
- *   ul: the cell of unit ul of sequence n -> units 2i, 2i + 1 of h_t in one
- *   word of tag t + 1, stored at GPU scope. An aligned 8-byte access is
- *   single-copy atomic, so a matching tag proves the values: no fence, no flag.
+ *   warp w polls the words of its own K slice of h_{t-1} (state columns
+ *   [16 KT w, 16 KT w + 16 KT) of the group's live sequences; words {tag:
+ *   high 32 bits, two 16-bit values}, tag = t, all in flight, the stale ones
+ *   loaded again in rounds until every tag matches) into the shared state
+ *   buffer and runs its mma.m16n8k16 over them at once: a late writer delays
+ *   only the warps that need its units -> partial sums -> one block barrier
+ *   -> warp n, lane ul: the cell of unit ul of sequence n -> units 2i, 2i + 1
+ *   of h_t in one word of tag t + 1, stored at GPU scope. An aligned 8-byte
+ *   access is single-copy atomic, so a matching tag proves the values: no
+ *   fence, no flag.
  * The words lie in two buffers by step parity. A CTA writes step t + 1's
- * words over step t - 1's only after it has read every word of step t, and
- * each of those was written after its writer had read all of step t - 1.
+ * words over step t - 1's only after its warps have read every word of step t
+ * (their slices cover the group's units; the barrier orders them before the
+ * epilogue), and each of those was written after its writer had read all of
+ * step t - 1.
  */
 #include <string.h>
 
@@ -34,36 +39,45 @@ namespace {
 const int kUnits = 16;     /* hidden units a CTA: all their gate rows, 48 or 64, in 3-4 m-tiles */
 const int kMaxKTiles = 8;  /* K extent 128 KT >= H: H <= 1024 */
 
+/* Two buffers of partial sums: a step's are written while the last step's may still be read. */
 template <class Cell, int KT>
-struct GridShape : MmaShape<Cell::kGates * kUnits, KT, kUnits> {};
+struct GridShape : MmaShape<Cell::kGates * kUnits, KT, kUnits, 2> {};
 
 /* The words of a sequence's state: two units a word, C CTAs of kUnits; even,
  * so that a 16-byte pair of words never straddles two sequences. */
 __host__ __device__ inline int words_per_seq(int ctas) { return ctas * kUnits / 2; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-/* The `live` sequences of h_{t-1} (tag t) from their words `src` into the
- * shared state buffer: this thread's 16-byte pairs j kMmaThreads + tid, at
- * most KT of them (a group's live W / 2 pairs are at most 256 KT). */
+/* Warp `warp`'s K slice of the exchanged state (tag `tag`): state columns
+ * [16 KT warp, 16 KT warp + 16 KT), the words [8 KT warp, 8 KT warp + 8 KT)
+ * below `words` of each of the `live` sequences at `src`, polled until every
+ * tag matches, into `state` ([sequence][kStatePitch]); then __syncwarp, so
+ * that the warp's ldmatrix sees them. A lane holds at most KT 16-byte pairs
+ * (8 sequences x 4 KT pairs). */
 template <class S, int KT>
-__device__ __forceinline__ void load_state(const unsigned long long *src, int words, int live, unsigned tag,
-                                           unsigned short *state, int tid) {
-  const int pairs = live * words / 2;
+__device__ __forceinline__ void load_slice(const unsigned long long *src, int words, int live, unsigned tag,
+                                           unsigned short *state, int warp, int lane) {
+  const int first = 8 * KT * warp;
+  const int width = min(8 * KT, max(words - first, 0)); /* even: a pair never straddles two sequences */
+  const int seq_pairs = width / 2, pairs = live * seq_pairs;
+  if (pairs == 0) return; /* columns past the group's units: zero since the start */
   unsigned long long w[KT][2];
+  /* pair i: words first + 2 (i % seq_pairs) (+1) of sequence i / seq_pairs */
+  auto word_of = [&](int i) { return i / seq_pairs * words + first + 2 * (i % seq_pairs); };
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
-    const int i = j * kMmaThreads + tid;
-    if (i < pairs) load_word_pair(src + 2 * i, w[j][0], w[j][1]);
+    const int i = j * 32 + lane;
+    if (i < pairs) load_word_pair(src + word_of(i), w[j][0], w[j][1]);
   }
   unsigned long long since = 0; /* for the watchdog */
   for (unsigned round = 1;; ++round) {
     bool all = true;
 #pragma unroll
     for (int j = 0; j < KT; ++j) {
-      const int i = j * kMmaThreads + tid;
+      const int i = j * 32 + lane;
       if (i < pairs && (tag_of(w[j][0]) != tag || tag_of(w[j][1]) != tag)) {
         all = false;
-        load_word_pair(src + 2 * i, w[j][0], w[j][1]);
+        load_word_pair(src + word_of(i), w[j][0], w[j][1]);
       }
     }
     if (all) break;
@@ -71,14 +85,11 @@ __device__ __forceinline__ void load_state(const unsigned long long *src, int wo
   }
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
-    const int i = j * kMmaThreads + tid;
-    if (i < pairs) {
-      const int n = 2 * i / words, k = 2 * i % words; /* words k, k + 1 of sequence n: units 2k .. 2k + 3 */
-      uint32_t *dst = reinterpret_cast<uint32_t *>(state + n * S::kStatePitch + 2 * k);
-      dst[0] = (uint32_t)w[j][0];
-      dst[1] = (uint32_t)w[j][1];
-    }
+    const int i = j * 32 + lane, n = i / seq_pairs, k = first + 2 * (i % seq_pairs);
+    if (i < pairs) /* words k, k + 1 of sequence n: columns 2k .. 2k + 3 */
+      *reinterpret_cast<uint2 *>(state + n * S::kStatePitch + 2 * k) = make_uint2((uint32_t)w[j][0], (uint32_t)w[j][1]);
   }
+  __syncwarp();
 }
 #endif
 
@@ -99,11 +110,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
 
   uint32_t a[S::kMTiles][S::kKTiles][4];
   load_gate_rows<S, E, U>(p, u0, reinterpret_cast<unsigned short *>(sm.space), tid, a);
-  /* The state buffer zero (padding columns stay zero), then h_{-1} = h0. */
-  for (int i = tid; i < kMmaSeqs * SPITCH / 8; i += kMmaThreads)
+  /* Both state buffers zero (padding columns stay zero), then h_{-1} = h0 into buffer 0. */
+  for (int i = tid; i < 2 * kMmaSeqs * SPITCH / 8; i += kMmaThreads)
     reinterpret_cast<uint4 *>(sm.state)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   load_initial_state<S, E>(p, sm.state, seq0, live, tid);
+  __syncthreads();
 
   /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
   const int b = seq0 + warp, ul = lane, u = u0 + lane;
@@ -111,20 +123,24 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.words;
 
+  /* Step t uses state buffer and partial sums t & 1, so one barrier a step
+   * suffices: a warp writes buffer t & 1 again at t + 2, after step t + 1's
+   * barrier, which every warp reaches only once its step-t epilogue is done. */
   for (int t = 0; t < T; ++t) {
-    __syncthreads(); /* step t - 1's epilogue has read the state buffer */
-    if (t > 0) {
-      load_state<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, sm.state, tid);
-      __syncthreads();
-    }
-    products_to_partials<S, E>(a, sm, 0, warp, lane);
-    __syncthreads();
+    const int cur = t & 1;
+    unsigned short *state = sm.state + cur * kMmaSeqs * SPITCH;
+    const MmaSmem<S> step = sm.with_partials(cur);
+    if (t > 0)
+      load_slice<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp,
+                        lane);
+    products_to_partials<S, E>(a, step, cur, warp, lane);
+    __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
 
     unsigned short h_bits = 0; /* padding units publish zeros */
-    if (mine) h_bits = forward_unit_step<Cell, E, S, U>(p, sm, sm.state, t, warp, b, ul, u, unit.in, &unit.cell);
+    if (mine) h_bits = forward_unit_step<Cell, E, S, U>(p, step, state, t, warp, b, ul, u, unit.in, &unit.cell);
     const unsigned odd = __shfl_down_sync(0xffffffffu, (unsigned)h_bits, 1);
     if (t + 1 < T && warp < live && lane < U && (lane & 1) == 0)
-      store_word(xchg + ((size_t)(t & 1) * B + b) * words + (u0 + lane) / 2,
+      store_word(xchg + ((size_t)cur * B + b) * words + (u0 + lane) / 2,
                  tagged_word((unsigned)t + 1, (uint32_t)h_bits | odd << 16));
     unit.advance(p, t, b, u, mine);
   }

@@ -25,8 +25,10 @@ const int kMmaWarps = kMmaThreads / 32;
 const int kMmaSeqs = 8; /* sequences a group carries: mma n = 8, a warp's epilogue each */
 
 /* A pass's on-chip layout: ROWS live rows of A (zero-padded to m-tiles of
- * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends. */
-template <int ROWS, int KTILES, int SLICE>
+ * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends,
+ * PARTIALS buffers of partial sums (two: a step's may be written while the
+ * previous step's are still read). */
+template <int ROWS, int KTILES, int SLICE, int PARTIALS = 1>
 struct MmaShape {
   static const int kRows = ROWS;
   static const int kMTiles = (ROWS + 15) / 16;
@@ -34,10 +36,12 @@ struct MmaShape {
   static const int kKExtent = kMmaWarps * KTILES * 16;              /* columns of A a CTA covers */
   static const int kStatePitch = kKExtent + 8;                      /* 16-bit [8][K + 8]: ldmatrix free of conflicts */
   static const int kPartialPitch = 16 * kMTiles + 4;                /* fp32: the C fragments' stores hit 32 banks */
+  static const int kPartialFloats = kMmaWarps * kMmaSeqs * kPartialPitch; /* one buffer of partial sums */
+  static const int kPartialBuffers = PARTIALS;
   static const int kSlice = SLICE;
   static const int kSlicePitch = SLICE + 8;                         /* 16-bit [8][SLICE + 8]: rows 16-byte aligned */
   static const int kBarBytes = 2 * kMmaWarps * 8;                   /* mbarriers [2 buffers][8 warps] (clusters) */
-  static const int kStepBytes = 2 * kMmaSeqs * kStatePitch * 2 + kMmaWarps * kMmaSeqs * kPartialPitch * 4 +
+  static const int kStepBytes = 2 * kMmaSeqs * kStatePitch * 2 + PARTIALS * kPartialFloats * 4 +
                                 kMmaSeqs * kSlicePitch * 2;
   static const int kStageBytes = 16 * kMTiles * kStatePitch * 2;    /* A staged [16 MT][K + 8] for ldmatrix */
   static const int kSmemBytes = kBarBytes + (kStepBytes > kStageBytes ? kStepBytes : kStageBytes);
@@ -50,14 +54,20 @@ struct MmaSmem {
   uint64_t *bars;
   unsigned char *space;    /* the step's buffers, or A staged before the steps */
   unsigned short *state;   /* [2][kMmaSeqs][kStatePitch] */
-  float *partial;          /* [kMmaWarps][kMmaSeqs][kPartialPitch] */
+  float *partial;          /* [kMmaWarps][kMmaSeqs][kPartialPitch], the first of kPartialBuffers */
   unsigned short *slice;   /* [kMmaSeqs][kSlicePitch] */
   __device__ __forceinline__ explicit MmaSmem(unsigned char *smem)
       : bars(reinterpret_cast<uint64_t *>(smem)),
         space(smem + S::kBarBytes),
         state(reinterpret_cast<unsigned short *>(space)),
         partial(reinterpret_cast<float *>(space + 2 * kMmaSeqs * S::kStatePitch * 2)),
-        slice(reinterpret_cast<unsigned short *>(partial + kMmaWarps * kMmaSeqs * S::kPartialPitch)) {}
+        slice(reinterpret_cast<unsigned short *>(partial + S::kPartialBuffers * S::kPartialFloats)) {}
+  /* The same layout with partial sums buffer `buffer` as the one the step's pieces use. */
+  __device__ __forceinline__ MmaSmem with_partials(int buffer) const {
+    MmaSmem s = *this;
+    s.partial += buffer * S::kPartialFloats;
+    return s;
+  }
 };
 
 /* A fragments from A staged in shared memory as [16 MT][kStatePitch]:
