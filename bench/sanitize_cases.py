@@ -83,6 +83,8 @@ GATED_CASES = [  # (cell, T, B, H, proj_size, dtype, with lengths)
     ("lstm", 2, 9, 7, 0, torch.float16, True),  # the cluster family: two CTAs, the second all padding
     ("gru", 3, 3, 1000, 0, torch.bfloat16, True),  # the grid family: 63 CTAs, the last partly padding
     ("lstm", 3, 9, 640, 0, torch.float16, False),  # the grid family: two groups of 40 CTAs
+    ("gru", 4, 17, 513, 0, torch.float16, False),  # the grid family: 4 groups of 33 CTAs, the last CTA one unit
+    ("lstm", 2, 16, 1024, 0, torch.bfloat16, True),  # the grid backward's largest shape (32 k-tiles a warp), 2 groups
     ("gru", 3, 3, 129, 0, torch.float32, True),
     ("gru", 3, 4, 1024, 0, torch.float32, False),
     ("lstm", 3, 3, 40, 17, torch.float32, True),  # stepwise: a projection
@@ -90,8 +92,9 @@ GATED_CASES = [  # (cell, T, B, H, proj_size, dtype, with lengths)
 ]
 
 for cell, T, B, H, P, dtype, with_lengths in GATED_CASES:
-    tier = torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda", cell=cell, proj_size=P)["tier"]
-    if len(sys.argv) > 1 and tier not in sys.argv[1:] and "gated" not in sys.argv[1:]:
+    tier, backward_tier = (torch_prnn.plan(H, batch=B, steps=T, dtype=dtype, device="cuda", cell=cell, proj_size=P,
+                                           backward=backward)["tier"] for backward in (False, True))
+    if len(sys.argv) > 1 and not {tier, backward_tier, "gated"} & set(sys.argv[1:]):
         continue
     G, S = (4, P or H) if cell == "lstm" else (3, H)
     xp = torch.randn(T, B, G * H, device="cuda", dtype=dtype)
@@ -111,5 +114,5 @@ for cell, T, B, H, P, dtype, with_lengths in GATED_CASES:
         torch.cuda.synchronize()
         torch.ops.prnn.gru_backward(torch.randn_like(y), torch.randn_like(h_n), h0, y, saved, w, lengths)
     torch.cuda.synchronize()
-    print(f"{cell} T={T} B={B} H={H} P={P} {dtype} lengths={with_lengths} tier={tier}: "
+    print(f"{cell} T={T} B={B} H={H} P={P} {dtype} lengths={with_lengths} tier={tier} backward={backward_tier}: "
           f"finite={bool(torch.isfinite(y).all())}")

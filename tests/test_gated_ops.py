@@ -721,24 +721,45 @@ GRID_CASES = [(1, 1, 3, True), (17, 3, 24, True), (200, 9, 2, False), (512, 2, 1
               (640, 17, 3, True), (1000, 3, 24, False), (1024, 4, 24, True), (1024, 16, 5, True)]
 
 
+def off_the_grid_batch(H, B, cell, dtype):
+    """A batch larger than B whose backward the grid family declines (more
+    groups than the GPU holds at once) and the persistent family runs, or
+    None if there is none up to 4097."""
+    for padded in (2 ** k + 1 for k in range(1, 13)):
+        if padded > B and torch_prnn.plan(H, batch=padded, cell=cell, dtype=dtype, device="cuda",
+                                          backward=True)["tier"] == "persistent_shared":
+            return padded
+    return None
+
+
 @needs_cuda
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_grid_family_cuda(cell, dtype, monkeypatch):
     """The gated grid family (16 bits, H <= 1024, sm_80 and later, the state
-    exchanged through L2) against the loop in float64 on the same rounded
-    inputs, with lengths (0, partial, full) and non-contiguous xp, and its
-    saved values (which the backward reads) against the float64 pass's."""
+    exchanged through L2), forward and backward, against the loop and its
+    gradients in float64 on the same rounded inputs, with lengths (0,
+    partial, full) and non-contiguous xp, and its saved values (which the
+    backward reads) against the float64 pass's. The gradients must be within
+    twice the persistent family's own error, which runs the same sequences
+    padded with sequences of length 0 to a batch the grid family declines."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # the backward's largest kernels (LSTM H = 1024) need 140 KB of shared memory a CTA
+    backward_fits = getattr(props, "shared_memory_per_block_optin", 0) >= 140 * 1024
     for H, B, T, bias in GRID_CASES:
         if H <= 512:
             monkeypatch.setenv("PRNN_DISABLE_CLUSTER_TIER", "1")  # the gated planner reads it at each plan
-        p = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda")
-        if torch.cuda.get_device_capability() >= (8, 0):
-            assert p["tier"] == "persistent_registers", (H, B, p)
+        for backward in (False, True):
+            p = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda", backward=backward)
+            if torch.cuda.get_device_capability() >= (8, 0) and (backward_fits or not backward):
+                assert p["tier"] == "persistent_registers", (H, B, backward, p)
         inputs = make_inputs(cell, T, B, H, 0, dtype, "cuda", bias=bias, seed=H + B)
         inputs["xp"] = strided_copy(inputs["xp"].transpose(0, 1), 1).transpose(0, 1)  # batch-major
         lengths = torch.tensor([min((T, 0, 17, 1)[b % 4], T) for b in range(B)])
         y, h_n, c_n, saved = run(cell, inputs, lengths, save=True)
+        grads = grads_of_a_pass(cell, inputs, lengths)
+        padded = off_the_grid_batch(H, B, cell, dtype)
+        grads2 = grads_of_a_pass(cell, inputs, lengths, pad_to=padded) if padded else None
         monkeypatch.delenv("PRNN_DISABLE_CLUSTER_TIER", raising=False)
         exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
         ref = reference(cell, **exact, lengths=lengths)
@@ -747,15 +768,34 @@ def test_grid_family_cuda(cell, dtype, monkeypatch):
                 assert o.dtype == dtype and rel_err(o, r) < TOL[dtype], (H, B, name, rel_err(o, r))
         saved64 = run(cell, exact, lengths, save=True)[3]
         assert rel_err(saved, saved64) < TOL[dtype], (H, B, rel_err(saved, saved64))
+        ref_grads = grads_of_a_pass(cell, exact, lengths, weight_dtype=dtype)
+        for name in grads:
+            err = rel_err(grads[name], ref_grads[name])
+            err2 = rel_err(grads2[name], ref_grads[name]) if grads2 else TOL[dtype] / 2
+            print(f"{cell} {dtype} H={H} B={B} grad {name}: grid {err:.2e}, persistent {err2:.2e} (batch {padded})")
+            assert err < max(TOL[dtype], 2 * err2), (H, B, name, err, err2)
 
 
-def grads_of_a_pass(cell, inputs, lengths, weight_dtype=None):
+def grads_of_a_pass(cell, inputs, lengths, weight_dtype=None, pad_to=None):
     """{name: gradient} of a fixed weighting of y, h_n (and c_n) for every
     input of the op. The weights are drawn on the CPU and rounded to
     weight_dtype (default: the outputs'), so that a pass in float64 on the CPU
-    gets the gradients a 16-bit pass on the GPU does."""
+    gets the gradients a 16-bit pass on the GPU does. With pad_to, the batch
+    runs padded to pad_to sequences with sequences of length 0, which change
+    neither the weights' gradients nor the others' (a batch size picks the
+    family that runs the pass)."""
     leaves = {k: v.detach().clone().requires_grad_() for k, v in present(inputs).items()}
-    y, h_n, c_n, _ = run(cell, {**dict.fromkeys(("b_hh", "c0", "w_hr")), **leaves}, lengths)
+    args, B = {**dict.fromkeys(("b_hh", "c0", "w_hr")), **leaves}, lengths.numel()
+    if pad_to is not None:
+        def pad(t, dim):
+            shape = list(t.shape)
+            shape[dim] = pad_to - B
+            return torch.cat([t, t.new_zeros(shape)], dim)
+        args.update({k: pad(args[k], dim) for k, dim in (("xp", 1), ("h0", 0), ("c0", 0)) if args[k] is not None})
+        lengths = torch.cat([lengths, lengths.new_zeros(pad_to - B)])
+    y, h_n, c_n, _ = run(cell, args, lengths)
+    if pad_to is not None:
+        y, h_n, c_n = y[:, :B], h_n[:B], c_n[:B] if c_n is not None else None
     gen = torch.Generator().manual_seed(7)
     weight = lambda o: torch.randn(o.shape, generator=gen).to(weight_dtype or o.dtype).to(o.device, torch.float64)
     loss = sum((o.double() * weight(o)).sum() for o in (y, h_n, c_n) if o is not None)

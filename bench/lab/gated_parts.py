@@ -1,8 +1,9 @@
-"""Where a 16-bit gated training call's time goes (bench/NOTES.md step 51):
-the forward and backward ops alone, the module's forward+backward eager and
-replayed in a CUDA graph, with the cluster family on and off
-(PRNN_DISABLE_CLUSTER_TIER); T = 256, JSON into the folder named as its argument
-(default: the current one).
+"""Where a 16-bit gated training call's time goes (bench/NOTES.md steps 51,
+55): the forward and backward ops alone, the module's forward+backward eager
+and replayed in a CUDA graph, with the cluster family on ("cl") and off
+("ps", PRNN_DISABLE_CLUSTER_TIER: the grid family then runs H <= 1024, as it
+does at H = 1024 with the tier on; each row records the backward's tier);
+T = 256, JSON into the folder named as its argument (default: the current one).
 
     python3 bench/lab/gated_parts.py
 """
@@ -15,7 +16,7 @@ T = 256
 rows = []
 for cell in ("lstm", "gru"):
     for dn in ("bfloat16",):
-        for B, H in ((1, 256), (4, 256), (4, 512), (16, 512)):
+        for B, H in ((1, 256), (4, 256), (4, 512), (16, 512), (4, 1024), (16, 1024)):
             dtype = DTYPES[dn]; G = 4 if cell == "lstm" else 3
             torch.manual_seed(0)
             xp = torch.randn(T, B, G * H, device="cuda", dtype=dtype)
@@ -33,6 +34,8 @@ for cell in ("lstm", "gru"):
                 return torch.autograd.grad(y.float().pow(2).sum(), params)
             for tag, env in (("cl", "0"), ("ps", "1")):
                 os.environ["PRNN_DISABLE_CLUSTER_TIER"] = env
+                r["bwd_tier_" + tag] = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda",
+                                                       backward=True)["tier"]
                 if cell == "lstm":
                     fwd = lambda: torch.ops.prnn.lstm(xp, b_hh, h0, c0, w, None, None, True)
                     y, h_n, c_n, saved = fwd()
@@ -57,5 +60,6 @@ for cell in ("lstm", "gru"):
                 r["fwd_mod"] = 1000 * median_ms(lambda: ours(x, hx), 20) / T
             rows.append(r)
             print(f"{cell:4} {dn} B={B:2} H={H}: fwd op {r['fwd_op_cl']:.2f} mod {r['fwd_mod']:.2f} | bwd op cl {r['bwd_op_cl']:.2f} ps {r['bwd_op_ps']:.2f} "
+                  f"({r['bwd_tier_cl'][11:]} / {r['bwd_tier_ps'][11:]}) "
                   f"| fb eager cl {r['fb_cl']:.2f} ps {r['fb_ps']:.2f} | fb graph cl {r['fb_graph_cl']:.2f} ps {r['fb_graph_ps']:.2f}", flush=True)
 json.dump(rows, open(os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "gated_parts.json"), "w"), indent=1)

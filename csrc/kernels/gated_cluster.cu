@@ -178,44 +178,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
   extern __shared__ __align__(16) unsigned char smem[];
   const MmaSmem<S> sm(smem);
 
-  /* A = the CTA's columns of W_hh, transposed: staged as [unit][g Hp + v] = W_hh[g H + v][u0 + unit]. */
+  /* A = the CTA's columns of W_hh, transposed (the staging area is the state buffers') */
   uint32_t a[S::kMTiles][S::kKTiles][4];
-  {
-    unsigned short *stage = reinterpret_cast<unsigned short *>(sm.space);
-    for (int i = tid; i < 16 * S::kMTiles * SPITCH / 8; i += kClusterThreads)
-      reinterpret_cast<uint4 *>(stage)[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    const E *w_hh = static_cast<const E *>(p.w_hh);
-    const int units = min(U, max(H - u0, 0));
-    for (int i = tid; i < G * H * units; i += kClusterThreads) {
-      const int row = i / units, ul = i % units, g = row / H, v = row % H;
-      stage[ul * SPITCH + g * Hp + v] = (unsigned short)bits16(w_hh[(int64_t)row * p.w_hh_stride + u0 + ul]);
-    }
-    __syncthreads();
-    load_fragments<S>(stage, warp, lane, a);
-    __syncthreads(); /* the staging area is the state buffers' */
-  }
+  load_unit_columns<S, Cell, E, U>(p, u0, Hp, reinterpret_cast<unsigned short *>(sm.space), tid, a);
   start_exchange<S>(sm, tid);
 
   /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
   const int b = seq0 + warp, ul = lane, u = u0 + lane;
   const bool mine = warp < live && lane < U && u < H;
-  const int len = mine ? sequence_length(p.lengths, b, T) : 0;
-  const E *grad_y = static_cast<const E *>(p.grad_y);
-  const E *grad_h_n = static_cast<const E *>(p.grad_h_n), *grad_c_n = static_cast<const E *>(p.grad_c_n);
-  float carry_h = mine && grad_h_n != NULL ? to_accum(grad_h_n[b * p.grad_h_n_stride_b + u]) : 0.f;
-  float carry_c = mine && grad_c_n != NULL ? to_accum(grad_c_n[b * p.grad_c_n_stride_b + u]) : 0.f;
-  float direct = 0.f;
-  /* the saved values and dy of the step, loaded a step ahead */
-  UnitSaved<Cell, float> in;
-  float dy = 0.f;
-  auto load_step = [&](int t) {
-    if (t >= 0 && t < len) {
-      load_unit_saved<Cell, E, float>(p, t, b, u, &in);
-      dy = to_accum(grad_y[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]);
-    }
-  };
-  load_step(T - 1);
+  BackwardUnitState<Cell, E> unit(p, b, u, mine);
 
   cluster_arrive();
   cluster_wait();
@@ -239,17 +210,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
       float dhh[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length send zeros */
-      if (mine) {
-        if (s > 0 && t + 1 < len) carry_h = sum_partials<S>(sm, warp, ul) + direct;
-        if (t < 0) {
-          static_cast<E *>(p.grad_h0)[(size_t)b * H + u] = Round<E>::to(carry_h);
-          if (Cell::kCarriesCell) static_cast<E *>(p.grad_c0)[(size_t)b * H + u] = Round<E>::to(carry_c);
-        } else if (t < len) {
-          backward_unit<Cell, E, float>(p, t, b, u, in, dy + carry_h, &carry_c, &direct, dhh);
-        } else {
-          zero_unit_grads<Cell, E>(p, t, b, u);
-        }
-      }
+      if (mine) unit.template step<S>(p, sm, s, warp, b, ul, u, dhh);
       if (s < T)
 #pragma unroll
         for (int g = 0; g < G; ++g) sm.slice[warp * SLPITCH + g * U + ul] = round_bits<E>(dhh[g]);
@@ -260,7 +221,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
       stores.template send<kSeqs>(ctas, sm.slice, SLPITCH, state_base, 1 - cur, SPITCH,
                                   [&](int r) { return r / U * Hp + u0 + r % U; },
                                   [&](int col) { return bar(1 - cur, col / (16 * S::kKTiles)); });
-    load_step(t - 1);
+    unit.load(p, t - 1, b, u);
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 9.0 */

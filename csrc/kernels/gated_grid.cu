@@ -1,25 +1,33 @@
 /*
- * gated_grid.cu - the 16-bit forward of the gated cells (LSTM, GRU) on one
- * cooperative grid without clusters: W_hh in the register files as
- * tensor-core fragments for the whole sequence (gated_mma.cuh), the state
- * exchanged through L2 as tagged words (exchange.cuh). sm_80 and later, H up
- * to 1024, no projection; where clusters run, the cluster family
- * (gated_cluster.cu) takes H <= 512 first.
+ * gated_grid.cu - the gated cells (LSTM, GRU) on one cooperative grid
+ * without clusters, forward and backward data, 16-bit dtypes: W_hh in the
+ * register files as tensor-core fragments for the whole sequence
+ * (gated_mma.cuh), the exchanged state (h, or the backward's gate gradients)
+ * through L2 as tagged words (exchange.cuh). sm_80 and later, H up to 1024,
+ * no projection; where clusters run, the cluster family (gated_cluster.cu)
+ * takes H <= 512 first.
  *
  * A group of C = ceil(H / 16) CTAs carries up to 8 sequences, groups side by
- * side; CTA r of a group owns the 16 hidden units [16 r, 16 r + 16) and all
- * G of their gate rows (local row 16 g + ul is W_hh row g H + 16 r + ul), so
- * a unit's cell update and c stay in the thread that owns the unit. One step:
- *   every CTA loads its group's whole h_{t-1} from L2 (words {tag: high 32
- *   bits, two 16-bit values}, tag = t, all in flight, the stale ones loaded
- *   again in rounds until every tag matches) into its shared state buffer ->
- *   mma.m16n8k16 over each warp's K slice -> partial sums -> warp n, lane
- *   ul: the cell of unit ul of sequence n -> units 2i, 2i + 1 of h_t in one
- *   word of tag t + 1, stored at GPU scope. An aligned 8-byte access is
- *   single-copy atomic, so a matching tag proves the values: no fence, no flag.
+ * side; CTA r of a group owns the 16 hidden units [16 r, 16 r + 16): in the
+ * forward all G of their gate rows (local row 16 g + ul is W_hh row
+ * g H + 16 r + ul), in the backward their columns, so that a unit's cell
+ * update and c (or carried gradients) stay in the thread that owns the unit.
+ * One forward step (the backward's, below, is alike):
+ *   warp w polls the words of its own K slice of h_{t-1} (state columns
+ *   [16 KT w, 16 KT w + 16 KT) of the group's live sequences; words {tag:
+ *   high 32 bits, two 16-bit values}, tag = t, all in flight, the stale ones
+ *   loaded again in rounds until every tag matches) into the shared state
+ *   buffer and runs its mma.m16n8k16 over them at once: a late writer delays
+ *   only the warps that need its units -> partial sums -> one block barrier
+ *   -> warp n, lane ul: the cell of unit ul of sequence n -> units 2i, 2i + 1
+ *   of h_t in one word of tag t + 1, stored at GPU scope. An aligned 8-byte
+ *   access is single-copy atomic, so a matching tag proves the values: no
+ *   fence, no flag.
  * The words lie in two buffers by step parity. A CTA writes step t + 1's
- * words over step t - 1's only after it has read every word of step t, and
- * each of those was written after its writer had read all of step t - 1.
+ * words over step t - 1's only after its warps have read every word of step t
+ * (their slices cover the group's units; the barrier orders them before the
+ * epilogue), and each of those was written after its writer had read all of
+ * step t - 1.
  */
 #include <string.h>
 
@@ -31,57 +39,99 @@
 namespace prnn {
 namespace {
 
-const int kUnits = 16;     /* hidden units a CTA: all their gate rows, 48 or 64, in 3-4 m-tiles */
-const int kMaxKTiles = 8;  /* K extent 128 KT >= H: H <= 1024 */
+const int kUnits = 16;      /* hidden units a CTA: all their gate rows (forward) or their columns (backward) */
+const int kMaxKTiles = 8;   /* the forward's k-tiles a warp: K extent 128 KT >= H, H <= 1024 */
+const int kBackwardSlots = 8;  /* 16-byte pairs a lane has in flight in the backward's poll */
+const int kBackwardChains = 4; /* accumulator chains of its one m-tile: 8 dependent mma, not 32 */
 
+/* Forward: A = the G U gate rows of the CTA's units (3-4 m-tiles), K = H.
+ * Backward: A = the CTA's U columns of W_hh transposed (one m-tile), K = the
+ * hh-side gate gradients of t + 1 in G blocks of Hp = C U columns (128 G KT
+ * >= G Hp: 32 k-tiles a warp for an LSTM at H = 1024, 128 registers of
+ * fragments). Two buffers of partial sums: a step's are written while the
+ * last step's may still be read. */
 template <class Cell, int KT>
-struct GridShape : MmaShape<Cell::kGates * kUnits, KT, kUnits> {};
+struct GridShape : MmaShape<Cell::kGates * kUnits, KT, kUnits, 2> {};
+template <class Cell, int KT>
+struct GridBackwardShape : MmaShape<kUnits, Cell::kGates * KT, Cell::kGates * kUnits, 2> {};
 
-/* The words of a sequence's state: two units a word, C CTAs of kUnits; even,
- * so that a 16-byte pair of words never straddles two sequences. */
-__host__ __device__ inline int words_per_seq(int ctas) { return ctas * kUnits / 2; }
+/* The words of a sequence's exchanged state, two 16-bit values a word: C
+ * CTAs of kUnits values in `blocks` blocks (1 forward, G backward); even, so
+ * that a 16-byte pair of words never straddles two sequences. */
+__host__ __device__ inline int words_per_seq(int ctas, int blocks) { return blocks * ctas * kUnits / 2; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-/* The `live` sequences of h_{t-1} (tag t) from their words `src` into the
- * shared state buffer: this thread's 16-byte pairs j kMmaThreads + tid, at
- * most KT of them (a group's live W / 2 pairs are at most 256 KT). */
-template <class S, int KT>
-__device__ __forceinline__ void load_state(const unsigned long long *src, int words, int live, unsigned tag,
-                                           unsigned short *state, int tid) {
-  const int pairs = live * words / 2;
-  unsigned long long w[KT][2];
+/* Where this CTA sits: its group's CTAs, its rank there and first unit, the
+ * group's first sequence and how many of its p.group_seqs sequences exist. */
+struct GridPlace {
+  int ctas, rank, u0, seq0, live;
+  __device__ __forceinline__ explicit GridPlace(const GatedParams &p) {
+    if (p.group_seqs < 1 || p.group_seqs > kMmaSeqs) __trap(); /* the launcher's contract: 1..8 */
+    ctas = (p.hidden + kUnits - 1) / kUnits;
+    rank = (int)blockIdx.x % ctas;
+    u0 = rank * kUnits;
+    seq0 = (int)blockIdx.x / ctas * p.group_seqs;
+    live = p.batch - seq0 < p.group_seqs ? p.batch - seq0 : p.group_seqs;
+  }
+};
+
+/* Both state buffers zero: columns no word covers (padding units, sequences
+ * past the live ones, K past the exchanged values) stay zero. */
+template <class S>
+__device__ __forceinline__ void zero_state(const MmaSmem<S> &sm, int tid) {
+  for (int i = tid; i < 2 * kMmaSeqs * S::kStatePitch / 8; i += kMmaThreads)
+    reinterpret_cast<uint4 *>(sm.state)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+}
+
+/* Warp `warp`'s K slice of the exchanged state (tag `tag`): state columns
+ * [16 KT warp, 16 KT warp + 16 KT) (KT = S::kKTiles), word k = columns 2k,
+ * 2k + 1, of each of the `live` sequences of `words` words at `src`, polled
+ * until every tag matches, into `state` ([sequence][kStatePitch]); then
+ * __syncwarp, so that the warp's ldmatrix sees them. A lane's 16-byte pairs
+ * (at most KT: 8 sequences x 4 KT pairs) go through SLOTS loads in flight,
+ * slot j taking the lane's pairs j, j + SLOTS, ..., the next one as soon as
+ * its current one is in. */
+template <class S, int SLOTS>
+__device__ __forceinline__ void load_slice(const unsigned long long *src, int words, int live, unsigned tag,
+                                           unsigned short *state, int warp, int lane) {
+  const int first = 8 * S::kKTiles * warp;
+  const int width = min(8 * S::kKTiles, max(words - first, 0)); /* even: a pair never straddles two sequences */
+  const int seq_pairs = width / 2, pairs = live * seq_pairs;
+  if (pairs == 0) return; /* columns past the exchanged values: zero since the start */
+  /* pair i: words first + 2 (i % seq_pairs) (+1) of sequence i / seq_pairs */
+  auto word_of = [&](int i) { return i / seq_pairs * words + first + 2 * (i % seq_pairs); };
+  unsigned long long w[SLOTS][2];
+  int at[SLOTS]; /* the pair slot j waits for (none once >= pairs) */
 #pragma unroll
-  for (int j = 0; j < KT; ++j) {
-    const int i = j * kMmaThreads + tid;
-    if (i < pairs) load_word_pair(src + 2 * i, w[j][0], w[j][1]);
+  for (int j = 0; j < SLOTS; ++j) {
+    at[j] = j * 32 + lane;
+    if (at[j] < pairs) load_word_pair(src + word_of(at[j]), w[j][0], w[j][1]);
   }
   unsigned long long since = 0; /* for the watchdog */
   for (unsigned round = 1;; ++round) {
-    bool all = true;
+    bool busy = false;
 #pragma unroll
-    for (int j = 0; j < KT; ++j) {
-      const int i = j * kMmaThreads + tid;
-      if (i < pairs && (tag_of(w[j][0]) != tag || tag_of(w[j][1]) != tag)) {
-        all = false;
-        load_word_pair(src + 2 * i, w[j][0], w[j][1]);
+    for (int j = 0; j < SLOTS; ++j) {
+      if (at[j] >= pairs) continue;
+      busy = true;
+      if (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag) { /* words k, k + 1 of sequence n */
+        const int n = at[j] / seq_pairs, k = first + 2 * (at[j] - n * seq_pairs);
+        *reinterpret_cast<uint2 *>(state + n * S::kStatePitch + 2 * k) =
+            make_uint2((uint32_t)w[j][0], (uint32_t)w[j][1]);
+        at[j] += 32 * SLOTS;
+        if (at[j] >= pairs) continue;
       }
+      load_word_pair(src + word_of(at[j]), w[j][0], w[j][1]);
     }
-    if (all) break;
+    if (!busy) break;
     watchdog(round, &since);
   }
-#pragma unroll
-  for (int j = 0; j < KT; ++j) {
-    const int i = j * kMmaThreads + tid;
-    if (i < pairs) {
-      const int n = 2 * i / words, k = 2 * i % words; /* words k, k + 1 of sequence n: units 2k .. 2k + 3 */
-      uint32_t *dst = reinterpret_cast<uint32_t *>(state + n * S::kStatePitch + 2 * k);
-      dst[0] = (uint32_t)w[j][0];
-      dst[1] = (uint32_t)w[j][1];
-    }
-  }
+  __syncwarp();
 }
 #endif
 
+/* Forward: the step as the file's header says. */
 template <class Cell, typename E, int KT>
 __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const GatedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -89,21 +139,16 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   const int U = kUnits, SPITCH = S::kStatePitch;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
-  const int ctas = (H + U - 1) / U, words = words_per_seq(ctas);
-  const int rank = (int)blockIdx.x % ctas, u0 = rank * U;
-  if (p.group_seqs < 1 || p.group_seqs > kMmaSeqs) __trap(); /* the launcher's contract: 1..8 */
-  const int seq0 = (int)blockIdx.x / ctas * p.group_seqs;
-  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs;
+  const GridPlace at(p);
+  const int words = words_per_seq(at.ctas, 1), u0 = at.u0, seq0 = at.seq0, live = at.live;
   extern __shared__ __align__(16) unsigned char smem[];
   const MmaSmem<S> sm(smem);
 
   uint32_t a[S::kMTiles][S::kKTiles][4];
   load_gate_rows<S, E, U>(p, u0, reinterpret_cast<unsigned short *>(sm.space), tid, a);
-  /* The state buffer zero (padding columns stay zero), then h_{-1} = h0. */
-  for (int i = tid; i < kMmaSeqs * SPITCH / 8; i += kMmaThreads)
-    reinterpret_cast<uint4 *>(sm.state)[i] = make_uint4(0, 0, 0, 0);
+  zero_state<S>(sm, tid);
+  load_initial_state<S, E>(p, sm.state, seq0, live, tid); /* h_{-1} = h0 into buffer 0 */
   __syncthreads();
-  load_initial_state<S, E>(p, sm.state, seq0, live, tid);
 
   /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
   const int b = seq0 + warp, ul = lane, u = u0 + lane;
@@ -111,20 +156,24 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.words;
 
+  /* Step t uses state buffer and partial sums t & 1, so one barrier a step
+   * suffices: a warp writes buffer t & 1 again at t + 2, after step t + 1's
+   * barrier, which every warp reaches only once its step-t epilogue is done. */
   for (int t = 0; t < T; ++t) {
-    __syncthreads(); /* step t - 1's epilogue has read the state buffer */
-    if (t > 0) {
-      load_state<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, sm.state, tid);
-      __syncthreads();
-    }
-    products_to_partials<S, E>(a, sm, 0, warp, lane);
-    __syncthreads();
+    const int cur = t & 1;
+    unsigned short *state = sm.state + cur * kMmaSeqs * SPITCH;
+    const MmaSmem<S> step = sm.with_partials(cur);
+    if (t > 0)
+      load_slice<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp,
+                        lane);
+    products_to_partials<S, E>(a, step, cur, warp, lane);
+    __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
 
     unsigned short h_bits = 0; /* padding units publish zeros */
-    if (mine) h_bits = forward_unit_step<Cell, E, S, U>(p, sm, sm.state, t, warp, b, ul, u, unit.in, &unit.cell);
+    if (mine) h_bits = forward_unit_step<Cell, E, S, U>(p, step, state, t, warp, b, ul, u, unit.in, &unit.cell);
     const unsigned odd = __shfl_down_sync(0xffffffffu, (unsigned)h_bits, 1);
     if (t + 1 < T && warp < live && lane < U && (lane & 1) == 0)
-      store_word(xchg + ((size_t)(t & 1) * B + b) * words + (u0 + lane) / 2,
+      store_word(xchg + ((size_t)cur * B + b) * words + (u0 + lane) / 2,
                  tagged_word((unsigned)t + 1, (uint32_t)h_bits | odd << 16));
     unit.advance(p, t, b, u, mine);
   }
@@ -133,14 +182,76 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
 #endif
 }
 
-/* The kernel of a cell, dtype and KT (1..kMaxKTiles), and its shared memory. */
+/*
+ * Backward data, the cluster backward's layout (gated_cluster.cu) on the
+ * grid: local row ul of A is column u0 + ul of W_hh, so the products give
+ * W_hh^T (gate gradients of t + 1) for the CTA's units, and a unit's carried
+ * dc (and a GRU's direct part of dh) stays in its thread's registers. Step s
+ * (t = T - 1 - s) exchanges the hh-side gate gradients of every unit, column
+ * g Hp + v, as words of two 16-bit values (grad_hh's width) and tag s + 1:
+ * warp w polls its K slice of them, runs its mma, one barrier, the unit
+ * threads' backward, each even lane publishing its and its neighbour's G
+ * values. s = T (t = -1) gives grad_h0. The epilogue reads no state, so
+ * the state buffers' and partial sums' argument is the forward's.
+ */
+template <class Cell, typename E, int KT>
+__global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const GatedParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  typedef GridBackwardShape<Cell, KT> S;
+  const int G = Cell::kGates, U = kUnits;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = p.steps, B = p.batch, H = p.hidden;
+  const GridPlace at(p);
+  const int words = words_per_seq(at.ctas, G), Hp = at.ctas * U, u0 = at.u0, seq0 = at.seq0, live = at.live;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const MmaSmem<S> sm(smem);
+
+  uint32_t a[S::kMTiles][S::kKTiles][4];
+  load_unit_columns<S, Cell, E, U>(p, u0, Hp, reinterpret_cast<unsigned short *>(sm.space), tid, a);
+  zero_state<S>(sm, tid);
+
+  /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
+  const int b = seq0 + warp, ul = lane, u = u0 + lane;
+  const bool mine = warp < live && lane < U && u < H;
+  BackwardUnitState<Cell, E> unit(p, b, u, mine);
+  unsigned long long *xchg = p.words;
+
+  for (int s = 0; s <= T; ++s) {
+    const int cur = s & 1;
+    const MmaSmem<S> step = sm.with_partials(cur);
+    if (s > 0) {
+      load_slice<S, kBackwardSlots>(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, live, (unsigned)s,
+                                    sm.state + cur * kMmaSeqs * S::kStatePitch, warp, lane);
+      products_to_partials<S, E, kBackwardChains>(a, step, cur, warp, lane);
+      __syncthreads(); /* every warp's partial sums in */
+    }
+    float dhh[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length publish zeros */
+    if (mine) unit.template step<S>(p, step, s, warp, b, ul, u, dhh);
+    if (s < T)
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const unsigned bits = round_bits<E>(dhh[g]), odd = __shfl_down_sync(0xffffffffu, bits, 1);
+        if (warp < live && lane < U && (lane & 1) == 0)
+          store_word(xchg + ((size_t)cur * B + b) * words + (g * Hp + u0 + lane) / 2,
+                     tagged_word((unsigned)s + 1, bits | odd << 16));
+      }
+    unit.load(p, T - 2 - s, b, u);
+  }
+#else
+  __trap(); /* never launched: the planner requires compute capability 8.0 */
+#endif
+}
+
+/* The kernel of a cell, dtype, pass and KT (1..kMaxKTiles), and its shared memory. */
 template <class Cell, typename E>
-void kernel_of(int k_tiles, const void **fn, int *smem) {
+void kernel_of(bool backward, int k_tiles, const void **fn, int *smem) {
   switch (k_tiles) {
-#define PRNN_GATED_GRID_CASE(KT)                              \
-  case KT:                                                    \
-    *fn = (const void *)gated_grid_forward<Cell, E, KT>;      \
-    *smem = GridShape<Cell, KT>::kSmemBytes;                  \
+#define PRNN_GATED_GRID_CASE(KT)                                                                         \
+  case KT:                                                                                               \
+    *fn = backward ? (const void *)gated_grid_backward<Cell, E, KT> : (const void *)gated_grid_forward<Cell, E, KT>; \
+    *smem = backward ? GridBackwardShape<Cell, KT>::kSmemBytes : GridShape<Cell, KT>::kSmemBytes;       \
     return;
     PRNN_GATED_GRID_CASE(1)
     PRNN_GATED_GRID_CASE(2)
@@ -155,14 +266,20 @@ void kernel_of(int k_tiles, const void **fn, int *smem) {
   *fn = NULL;
 }
 
-/* CTAs of a kernel each multiprocessor holds at once, cached per device,
- * cell, dtype and KT (0: not asked yet; -1: none: a build without code the
- * device runs, or attributes it refuses). */
-const int kMaxDevices = 64;
-int g_per_sm[kMaxDevices][2][2][kMaxKTiles];
+template <class Cell>
+void kernel_of_cell(prnn_dtype_t dtype, bool backward, int k_tiles, const void **fn, int *smem) {
+  if (dtype == PRNN_DTYPE_BFLOAT16) kernel_of<Cell, __nv_bfloat16>(backward, k_tiles, fn, smem);
+  else kernel_of<Cell, __half>(backward, k_tiles, fn, smem);
+}
 
-int ctas_per_sm(int device, const prnn_problem_t *pb, int k_tiles, const void *fn, int smem) {
-  int *known = &g_per_sm[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][k_tiles - 1];
+/* CTAs of a kernel each multiprocessor holds at once, cached per device,
+ * cell, dtype, pass and KT (0: not asked yet; -1: none: a build without code
+ * the device runs, or attributes it refuses: shared memory past the part's). */
+const int kMaxDevices = 64;
+int g_per_sm[kMaxDevices][2][2][2][kMaxKTiles];
+
+int ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn, int smem) {
+  int *known = &g_per_sm[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][backward][k_tiles - 1];
   int per_sm = __atomic_load_n(known, __ATOMIC_ACQUIRE);
   if (per_sm != 0) return per_sm;
   cudaFuncAttributes fa;
@@ -183,31 +300,27 @@ prnn_status_t choose_gated_grid(const prnn_problem_t *pb, bool backward, int dev
                                 bool cooperative, GatedGridLaunch *l) {
   memset(l, 0, sizeof *l);
   const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (backward || !half || pb->proj_size > 0 || major < 8 || !cooperative || pb->hidden > 128 * kMaxKTiles ||
-      device < 0 || device >= kMaxDevices)
+  if (!half || pb->proj_size > 0 || major < 8 || !cooperative || pb->hidden > 128 * kMaxKTiles || device < 0 ||
+      device >= kMaxDevices)
     return PRNN_STATUS_SUCCESS;
-  const int H = (int)pb->hidden, k_tiles = (H + 127) / 128, ctas = (H + kUnits - 1) / kUnits;
+  const int H = (int)pb->hidden, G = prnn_cell_gates(pb->cell), k_tiles = (H + 127) / 128;
+  const int ctas = (H + kUnits - 1) / kUnits;
   const void *fn = NULL;
   int smem = 0;
-  if (pb->cell == PRNN_CELL_LSTM) {
-    if (pb->dtype == PRNN_DTYPE_BFLOAT16) kernel_of<LstmCell, __nv_bfloat16>(k_tiles, &fn, &smem);
-    else kernel_of<LstmCell, __half>(k_tiles, &fn, &smem);
-  } else {
-    if (pb->dtype == PRNN_DTYPE_BFLOAT16) kernel_of<GruCell, __nv_bfloat16>(k_tiles, &fn, &smem);
-    else kernel_of<GruCell, __half>(k_tiles, &fn, &smem);
-  }
-  const int per_sm = ctas_per_sm(device, pb, k_tiles, fn, smem);
+  if (pb->cell == PRNN_CELL_LSTM) kernel_of_cell<LstmCell>(pb->dtype, backward, k_tiles, &fn, &smem);
+  else kernel_of_cell<GruCell>(pb->dtype, backward, k_tiles, &fn, &smem);
+  const int per_sm = ctas_per_sm(device, pb, backward, k_tiles, fn, smem);
   /* every CTA resident at once (a cooperative launch); groups as small as that allows */
   const int64_t most_groups = per_sm < 1 ? 0 : (int64_t)per_sm * sms / ctas;
   if (most_groups < 1 || (pb->batch + kMmaSeqs - 1) / kMmaSeqs > most_groups) return PRNN_STATUS_SUCCESS;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
   l->kernel = fn;
   l->ctas = ctas;
-  l->rows = prnn_cell_gates(pb->cell) * kUnits;
+  l->rows = backward ? kUnits : G * kUnits; /* of W_hh, or of W_hh^T backward */
   l->group_seqs = group;
   l->grid = ctas * (int)((pb->batch + group - 1) / group);
   l->smem_bytes = smem;
-  l->workspace_bytes = 2 * (size_t)pb->batch * words_per_seq(ctas) * sizeof(unsigned long long);
+  l->workspace_bytes = 2 * (size_t)pb->batch * words_per_seq(ctas, backward ? G : 1) * sizeof(unsigned long long);
   return PRNN_STATUS_SUCCESS;
 }
 

@@ -3,8 +3,9 @@
  * (gated_cluster.cu: one cluster per group, state exchanged through DSMEM;
  * gated_grid.cu: one cooperative grid, state exchanged through L2), 16-bit
  * W_hh in the register files as mma fragments: the on-chip layout, the
- * staging of a CTA's gate rows, the products of a state buffer, the partial
- * sums over the 8 warps, and the forward of one unit at one step.
+ * staging of a CTA's gate rows (forward) or unit columns (backward), the
+ * products of a state buffer, the partial sums over the 8 warps, and the
+ * forward and backward of one unit at one step.
  *
  * A CTA runs 8 warps; its A (rows of the recurrent matrix it owns) is split
  * along K as the Elman cluster kernel (cluster.cuh) splits it: warp w holds
@@ -25,8 +26,10 @@ const int kMmaWarps = kMmaThreads / 32;
 const int kMmaSeqs = 8; /* sequences a group carries: mma n = 8, a warp's epilogue each */
 
 /* A pass's on-chip layout: ROWS live rows of A (zero-padded to m-tiles of
- * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends. */
-template <int ROWS, int KTILES, int SLICE>
+ * 16), KTILES k-tiles a warp, SLICE 16-bit values a sequence a CTA sends,
+ * PARTIALS buffers of partial sums (two: a step's may be written while the
+ * previous step's are still read). */
+template <int ROWS, int KTILES, int SLICE, int PARTIALS = 1>
 struct MmaShape {
   static const int kRows = ROWS;
   static const int kMTiles = (ROWS + 15) / 16;
@@ -34,10 +37,12 @@ struct MmaShape {
   static const int kKExtent = kMmaWarps * KTILES * 16;              /* columns of A a CTA covers */
   static const int kStatePitch = kKExtent + 8;                      /* 16-bit [8][K + 8]: ldmatrix free of conflicts */
   static const int kPartialPitch = 16 * kMTiles + 4;                /* fp32: the C fragments' stores hit 32 banks */
+  static const int kPartialFloats = kMmaWarps * kMmaSeqs * kPartialPitch; /* one buffer of partial sums */
+  static const int kPartialBuffers = PARTIALS;
   static const int kSlice = SLICE;
   static const int kSlicePitch = SLICE + 8;                         /* 16-bit [8][SLICE + 8]: rows 16-byte aligned */
   static const int kBarBytes = 2 * kMmaWarps * 8;                   /* mbarriers [2 buffers][8 warps] (clusters) */
-  static const int kStepBytes = 2 * kMmaSeqs * kStatePitch * 2 + kMmaWarps * kMmaSeqs * kPartialPitch * 4 +
+  static const int kStepBytes = 2 * kMmaSeqs * kStatePitch * 2 + PARTIALS * kPartialFloats * 4 +
                                 kMmaSeqs * kSlicePitch * 2;
   static const int kStageBytes = 16 * kMTiles * kStatePitch * 2;    /* A staged [16 MT][K + 8] for ldmatrix */
   static const int kSmemBytes = kBarBytes + (kStepBytes > kStageBytes ? kStepBytes : kStageBytes);
@@ -50,14 +55,20 @@ struct MmaSmem {
   uint64_t *bars;
   unsigned char *space;    /* the step's buffers, or A staged before the steps */
   unsigned short *state;   /* [2][kMmaSeqs][kStatePitch] */
-  float *partial;          /* [kMmaWarps][kMmaSeqs][kPartialPitch] */
+  float *partial;          /* [kMmaWarps][kMmaSeqs][kPartialPitch], the first of kPartialBuffers */
   unsigned short *slice;   /* [kMmaSeqs][kSlicePitch] */
   __device__ __forceinline__ explicit MmaSmem(unsigned char *smem)
       : bars(reinterpret_cast<uint64_t *>(smem)),
         space(smem + S::kBarBytes),
         state(reinterpret_cast<unsigned short *>(space)),
         partial(reinterpret_cast<float *>(space + 2 * kMmaSeqs * S::kStatePitch * 2)),
-        slice(reinterpret_cast<unsigned short *>(partial + kMmaWarps * kMmaSeqs * S::kPartialPitch)) {}
+        slice(reinterpret_cast<unsigned short *>(partial + S::kPartialBuffers * S::kPartialFloats)) {}
+  /* The same layout with partial sums buffer `buffer` as the one the step's pieces use. */
+  __device__ __forceinline__ MmaSmem with_partials(int buffer) const {
+    MmaSmem s = *this;
+    s.partial += buffer * S::kPartialFloats;
+    return s;
+  }
 };
 
 /* A fragments from A staged in shared memory as [16 MT][kStatePitch]:
@@ -109,6 +120,28 @@ __device__ __forceinline__ void load_gate_rows(const GatedParams &p, int u0, uns
   __syncthreads();
 }
 
+/* The fragments of a backward's A: the columns of W_hh of units
+ * [u0, u0 + U) transposed, staged as [unit][g Hp + v] = W_hh[g H + v][u0 +
+ * unit] (zero elsewhere), so that K is the gate gradients of every unit in G
+ * blocks of Hp columns. Ends with the staging area free. */
+template <class S, class Cell, typename E, int U>
+__device__ __forceinline__ void load_unit_columns(const GatedParams &p, int u0, int Hp, unsigned short *stage,
+                                                  int tid, uint32_t (&a)[S::kMTiles][S::kKTiles][4]) {
+  const int G = Cell::kGates, H = p.hidden, SPITCH = S::kStatePitch;
+  for (int i = tid; i < 16 * S::kMTiles * SPITCH / 8; i += kMmaThreads)
+    reinterpret_cast<uint4 *>(stage)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  const E *w_hh = static_cast<const E *>(p.w_hh);
+  const int units = min(U, max(H - u0, 0));
+  for (int i = tid; i < G * H * units; i += kMmaThreads) {
+    const int row = i / units, ul = i % units, g = row / H, v = row % H;
+    stage[ul * SPITCH + g * Hp + v] = (unsigned short)bits16(w_hh[(int64_t)row * p.w_hh_stride + u0 + ul]);
+  }
+  __syncthreads();
+  load_fragments<S>(stage, tid >> 5, tid & 31, a);
+  __syncthreads();
+}
+
 /* h_{-1} = h0 of the `live` sequences from seq0 into the state buffer (zero
  * before: its padding columns stay zero). */
 template <class S, typename E>
@@ -124,15 +157,19 @@ __device__ __forceinline__ void load_initial_state(const GatedParams &p, unsigne
 
 /* A times the state buffer `buffer` (8 sequences) over this warp's K slice,
  * then the C fragments (rows 16m + {g, g+8}, sequences 2q, 2q+1) into the
- * warp's partial sums [sequence][row]. */
-template <class S, typename E>
+ * warp's partial sums [sequence][row]. k-tile kt accumulates into chain
+ * kt % CHAINS of its m-tile, summed at the end: with few m-tiles and many
+ * k-tiles, more chains shorten the dependent run of mma. */
+template <class S, typename E, int CHAINS = 1>
 __device__ __forceinline__ void products_to_partials(const uint32_t (&a)[S::kMTiles][S::kKTiles][4],
                                                      const MmaSmem<S> &sm, int buffer, int warp, int lane) {
   const int MT = S::kMTiles, KT = S::kKTiles, SPITCH = S::kStatePitch, PPITCH = S::kPartialPitch;
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
-  float acc[MT][4];
+  float acc[MT][CHAINS][4];
 #pragma unroll
-  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) acc[m][c][0] = acc[m][c][1] = acc[m][c][2] = acc[m][c][3] = 0.f;
 #pragma unroll
   for (int kt = 0; kt < KT; kt += 2) {
     const int k0 = (warp * KT + kt) * 16;
@@ -141,23 +178,27 @@ __device__ __forceinline__ void products_to_partials(const uint32_t (&a)[S::kMTi
     if (kt + 1 < KT) {
       ldmatrix_x4(b_addr, b0, b1, b2, b3);
 #pragma unroll
-      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m][kt % CHAINS], a[m][kt], b0, b1);
 #pragma unroll
-      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt + 1], b2, b3);
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m][(kt + 1) % CHAINS], a[m][kt + 1], b2, b3);
     } else {
       ldmatrix_x2(b_addr, b0, b1);
 #pragma unroll
-      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m], a[m][kt], b0, b1);
+      for (int m = 0; m < MT; ++m) MmaOp<E>::run(acc[m][kt % CHAINS], a[m][kt], b0, b1);
     }
   }
   const int g8 = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int c = 1; c < CHAINS; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][0][i] += acc[m][c][i];
     float *part = sm.partial + (warp * kMmaSeqs + 2 * q) * PPITCH + 16 * m + g8;
-    part[0] = acc[m][0];
-    part[PPITCH] = acc[m][1];
-    part[8] = acc[m][2];
-    part[PPITCH + 8] = acc[m][3];
+    part[0] = acc[m][0][0];
+    part[PPITCH] = acc[m][0][1];
+    part[8] = acc[m][0][2];
+    part[PPITCH + 8] = acc[m][0][3];
   }
 }
 
@@ -242,6 +283,49 @@ __device__ __forceinline__ unsigned short forward_unit_step(const GatedParams &p
   }
   return h_bits;
 }
+
+/* What this thread's unit (sequence b, unit u; mine: it has one) carries
+ * through the backward: dLoss/dh and dc from later steps, a GRU's direct part
+ * of dh_{t-1}, and the saved values and dy of the next step to run, loaded a
+ * step ahead. Step s runs t = T - 1 - s; s = T (t = -1) gives grad_h0. */
+template <class Cell, typename E>
+struct BackwardUnitState {
+  int len;
+  float carry_h, carry_c, direct, dy;
+  UnitSaved<Cell, float> in;
+  __device__ __forceinline__ BackwardUnitState(const GatedParams &p, int b, int u, bool mine)
+      : len(mine ? sequence_length(p.lengths, b, p.steps) : 0), direct(0.f), dy(0.f) {
+    const E *grad_h_n = static_cast<const E *>(p.grad_h_n), *grad_c_n = static_cast<const E *>(p.grad_c_n);
+    carry_h = mine && grad_h_n != NULL ? to_accum(grad_h_n[b * p.grad_h_n_stride_b + u]) : 0.f;
+    carry_c = mine && grad_c_n != NULL ? to_accum(grad_c_n[b * p.grad_c_n_stride_b + u]) : 0.f;
+    load(p, p.steps - 1, b, u);
+  }
+  /* The saved values and dy of step t (nothing past the length or for no unit). */
+  __device__ __forceinline__ void load(const GatedParams &p, int t, int b, int u) {
+    if (t >= 0 && t < len) {
+      load_unit_saved<Cell, E, float>(p, t, b, u, &in);
+      dy = to_accum(static_cast<const E *>(p.grad_y)[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]);
+    }
+  }
+  /* Step s of this thread's unit (warp n = sequence b, lane ul = unit u) from
+   * the partial sums of W_hh^T (gate gradients of t + 1), summed here when
+   * s > 0: writes its gradients of t (grad_h0, grad_c0 at t = -1) and returns
+   * the hh-side gate gradients of t in dhh (zeros past the length). */
+  template <class S>
+  __device__ __forceinline__ void step(const GatedParams &p, const MmaSmem<S> &sm, int s, int n, int b, int ul, int u,
+                                       float (&dhh)[Cell::kGates]) {
+    const int t = p.steps - 1 - s, H = p.hidden;
+    if (s > 0 && t + 1 < len) carry_h = sum_partials<S>(sm, n, ul) + direct;
+    if (t < 0) {
+      static_cast<E *>(p.grad_h0)[(size_t)b * H + u] = Round<E>::to(carry_h);
+      if (Cell::kCarriesCell) static_cast<E *>(p.grad_c0)[(size_t)b * H + u] = Round<E>::to(carry_c);
+    } else if (t < len) {
+      backward_unit<Cell, E, float>(p, t, b, u, in, dy + carry_h, &carry_c, &direct, dhh);
+    } else {
+      zero_unit_grads<Cell, E>(p, t, b, u);
+    }
+  }
+};
 #endif
 
 }  // namespace prnn

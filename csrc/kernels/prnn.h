@@ -91,8 +91,9 @@ typedef enum prnn_tier {
   PRNN_TIER_NONE = 0,               /* not supported */
   PRNN_TIER_CPU_REFERENCE = 1,      /* the C99 reference loop */
   PRNN_TIER_PERSISTENT_REGISTERS = 2, /* one persistent kernel, W_hh in registers. Gated cells:
-                                       the 16-bit forward up to H = 1024 on a cooperative grid
-                                       (sm_80+), W_hh as tensor-core fragments, the state
+                                       16 bits up to H = 1024, forward and backward, on a
+                                       cooperative grid (sm_80+), W_hh as tensor-core
+                                       fragments, the state (or the gate gradients)
                                        exchanged through L2 */
   PRNN_TIER_PERSISTENT_SHARED = 3,  /* one persistent kernel, W_hh in registers + shared memory */
   PRNN_TIER_STEPWISE = 4,           /* one kernel per step, W_hh re-read from L2/HBM */
