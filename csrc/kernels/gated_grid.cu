@@ -89,40 +89,43 @@ __device__ __forceinline__ void zero_state(const MmaSmem<S> &sm, int tid) {
  * 2k + 1, of each of the `live` sequences of `words` words at `src`, polled
  * until every tag matches, into `state` ([sequence][kStatePitch]); then
  * __syncwarp, so that the warp's ldmatrix sees them. A lane's 16-byte pairs
- * (at most KT: 8 sequences x 4 KT pairs) go through SLOTS loads in flight,
- * slot j taking the lane's pairs j, j + SLOTS, ..., the next one as soon as
- * its current one is in. */
+ * lane, lane + 32, ... (pair i: sequence i / P, pair i % P of its P in the
+ * slice) go through SLOTS loads in flight, slot j taking the lane's pairs
+ * j, j + SLOTS, ..., the next one as soon as its current one is in. A
+ * slot's cursor steps without a division, so that a polling round costs a
+ * few instructions a slot. */
 template <class S, int SLOTS>
 __device__ __forceinline__ void load_slice(const unsigned long long *src, int words, int live, unsigned tag,
                                            unsigned short *state, int warp, int lane) {
   const int first = 8 * S::kKTiles * warp;
-  const int width = min(8 * S::kKTiles, max(words - first, 0)); /* even: a pair never straddles two sequences */
-  const int seq_pairs = width / 2, pairs = live * seq_pairs;
-  if (pairs == 0) return; /* columns past the exchanged values: zero since the start */
-  /* pair i: words first + 2 (i % seq_pairs) (+1) of sequence i / seq_pairs */
-  auto word_of = [&](int i) { return i / seq_pairs * words + first + 2 * (i % seq_pairs); };
-  unsigned long long w[SLOTS][2];
-  int at[SLOTS]; /* the pair slot j waits for (none once >= pairs) */
+  const int P = min(8 * S::kKTiles, max(words - first, 0)) / 2; /* even width: a pair never straddles two sequences */
+  if (P == 0) return; /* columns past the exchanged values: zero since the start */
+  /* slot j's cursor: 256 n + r for pair r of sequence n (P <= 4 G KT <= 128); none left once >= 256 live */
+  const int end = 256 * live, d32 = 32 / P * 256 + 32 % P, dS = SLOTS * 32 / P * 256 + SLOTS * 32 % P;
+  auto step = [&](int c, int d) { c += d; return (c & 255) >= P ? c + 256 - P : c; };
+  auto word = [&](int c) { return src + (c >> 8) * words + first + 2 * (c & 255); };
+  int at[SLOTS];
+  at[0] = lane / P * 256 + lane % P;
 #pragma unroll
-  for (int j = 0; j < SLOTS; ++j) {
-    at[j] = j * 32 + lane;
-    if (at[j] < pairs) load_word_pair(src + word_of(at[j]), w[j][0], w[j][1]);
-  }
+  for (int j = 1; j < SLOTS; ++j) at[j] = step(at[j - 1], d32);
+  unsigned long long w[SLOTS][2];
+#pragma unroll
+  for (int j = 0; j < SLOTS; ++j)
+    if (at[j] < end) load_word_pair(word(at[j]), w[j][0], w[j][1]);
   unsigned long long since = 0; /* for the watchdog */
   for (unsigned round = 1;; ++round) {
     bool busy = false;
 #pragma unroll
     for (int j = 0; j < SLOTS; ++j) {
-      if (at[j] >= pairs) continue;
+      if (at[j] >= end) continue;
       busy = true;
-      if (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag) { /* words k, k + 1 of sequence n */
-        const int n = at[j] / seq_pairs, k = first + 2 * (at[j] - n * seq_pairs);
-        *reinterpret_cast<uint2 *>(state + n * S::kStatePitch + 2 * k) =
+      if (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag) { /* words first + 2 r, + 1: columns 2 first + 4 r .. + 3 */
+        *reinterpret_cast<uint2 *>(state + (at[j] >> 8) * S::kStatePitch + 2 * first + 4 * (at[j] & 255)) =
             make_uint2((uint32_t)w[j][0], (uint32_t)w[j][1]);
-        at[j] += 32 * SLOTS;
-        if (at[j] >= pairs) continue;
+        at[j] = step(at[j], dS);
+        if (at[j] >= end) continue;
       }
-      load_word_pair(src + word_of(at[j]), w[j][0], w[j][1]);
+      load_word_pair(word(at[j]), w[j][0], w[j][1]);
     }
     if (!busy) break;
     watchdog(round, &since);
@@ -163,6 +166,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
     const int cur = t & 1;
     unsigned short *state = sm.state + cur * kMmaSeqs * SPITCH;
     const MmaSmem<S> step = sm.with_partials(cur);
+    if (t > 0) __syncthreads(); /* every epilogue of step t - 1 done before the poll (see the header) */
     if (t > 0)
       load_slice<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp,
                         lane);
@@ -220,6 +224,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
     const int cur = s & 1;
     const MmaSmem<S> step = sm.with_partials(cur);
     if (s > 0) {
+      __syncthreads(); /* as the forward's */
       load_slice<S, kBackwardSlots>(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, live, (unsigned)s,
                                     sm.state + cur * kMmaSeqs * S::kStatePitch, warp, lane);
       products_to_partials<S, E, kBackwardChains>(a, step, cur, warp, lane);
