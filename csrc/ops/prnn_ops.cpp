@@ -7,6 +7,8 @@
 // This file checks tensors, allocates outputs and workspace, and turns a
 // status into a Python error.
 #include <Python.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -340,6 +342,17 @@ std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& xp, const at::
   return op.call(xp, h0, w_hh, lengths, nonlinearity);
 }
 
+// The backward ops' autograd kernel is only their double-backward refusal,
+// in Python (torch_prnn/ops.py). A backward that builds no graph (grad mode
+// off: create_graph=False) gives it nothing to do, so it calls below autograd
+// and never enters Python (host time a training call: bench/NOTES.md).
+struct BackwardDispatch {
+  std::optional<at::AutoDispatchBelowADInplaceOrView> below;
+  BackwardDispatch() {
+    if (!c10::GradMode::is_enabled()) below.emplace();
+  }
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
@@ -349,6 +362,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const std::optional<at::Tensor>&, c10::string_view)>();
+  const BackwardDispatch dispatch;
   return op.call(grad_y, y, h0, w_hh, lengths, nonlinearity);
 }
 
@@ -768,6 +782,7 @@ call_lstm_backward(const at::Tensor& grad_y, const std::optional<at::Tensor>& gr
               const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
+  const BackwardDispatch dispatch;
   return op.call(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths);
 }
 
@@ -796,6 +811,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_gru_backward(
               const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
               const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const std::optional<at::Tensor>&)>();
+  const BackwardDispatch dispatch;
   return op.call(grad_y, grad_h_n, h0, y, saved, w_hh, lengths);
 }
 
