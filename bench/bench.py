@@ -3,6 +3,13 @@ nn.GRU (cuDNN) eager and replayed in a CUDA graph, in one process on one GPU, an
 writes bench/results/<device>.json (the records of other cells already there are kept).
 
     python bench/bench.py [--cell rnn|lstm|gru] [--quick] [--floor build/floor] [--out DIR]
+    python bench/bench.py --large [--out DIR]
+
+--large times the Elman cell's large layers (H 1536-4096, B 1-16, float32
+and bfloat16) into <device>.large.json; run with PRNN_DISABLE_CLUSTER_TIER=1
+(the path of GPUs without clusters; read once a process) its records carry
+"clusters": false, and each run keeps the other's records. The modules hand
+the calls where cuDNN is faster to it; PRNN_TORCH_FALLBACK=0 times the kernels.
 
 Every figure is the median of CUDA-event timings after warm-up, divided by the
 number of steps. Each record:
@@ -253,6 +260,45 @@ def run_floor(binary):
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
+LARGE_HIDDEN = (1536, 2048, 2560, 3072, 4096)
+LARGE_BATCH = (1, 2, 4, 8, 16)
+
+
+def large_layers(args):
+    """The Elman cell at H 1536-4096, B 1-16, float32 and bfloat16, forward
+    and forward+backward against nn.RNN eager and its forward in a CUDA
+    graph, with the cluster tier as the environment leaves it."""
+    device = torch.cuda.get_device_properties(0).name
+    meta = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat()}
+    clusters = os.environ.get("PRNN_DISABLE_CLUSTER_TIER", "") in ("", "0")
+    extra = {} if clusters else {"clusters": False}
+    steps, records = 256, []
+    print(f"clusters {'on' if clusters else 'off'}\n{'dtype':8s} {'B':>3s} {'H':>5s} {'prnn':>7s} {'x eager':>7s}"
+          f" {'x graph':>7s} {'prnn fb':>7s} {'x fb':>6s}  tier")
+    for dtype_name in ("float32", "bfloat16"):
+        for hidden in LARGE_HIDDEN:
+            for batch in LARGE_BATCH:
+                t, err = bench_one(dtype_name, batch, hidden, steps, args.iters, ("fwd", "fwdbwd"))
+                plan = torch_prnn.plan(hidden, batch=batch, steps=steps, dtype=DTYPES[dtype_name], device="cuda")
+                for (impl, pss), us in t.items():
+                    records.append(dict(impl=impl, cell="rnn_tanh", dtype=dtype_name, batch=batch, hidden=hidden,
+                                        input=hidden, steps=steps, layers=1, **{"pass": pss},
+                                        us_per_step=round(us, 4), **extra, **meta))
+                fwd, fb = t[("prnn", "fwd")], t[("prnn", "fwdbwd")]
+                print(f"{dtype_name:8s} {batch:3d} {hidden:5d} {fwd:7.2f} {t[('cudnn', 'fwd')] / fwd:7.1f} "
+                      f"{t[('cudnn_graph', 'fwd')] / fwd:7.1f} {fb:7.2f} {t[('cudnn', 'fwdbwd')] / fb:6.1f}  "
+                      f"{plan['tier']} ({plan['module']}) err={err:.1e}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{device.replace(' ', '_')}.large.json")
+    kept = []
+    if os.path.exists(path):  # the other cluster setting's records stay
+        with open(path) as f:
+            kept = [r for r in json.load(f) if r.get("clusters", True) != clusters]
+    with open(path, "w") as f:
+        json.dump(kept + records, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cell", choices=sorted(CELLS), default="rnn")
@@ -263,7 +309,11 @@ def main():
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--diag", action="store_true", help="only the per-step / per-call breakdown")
     ap.add_argument("--host", metavar="DTYPE", help="only the host time of each piece of a module forward")
+    ap.add_argument("--large", action="store_true", help="only the Elman cell's large layers, clusters on and off")
     args = ap.parse_args()
+    if args.large:
+        large_layers(args)
+        return
     if args.host:
         host_costs(args.host)
         return

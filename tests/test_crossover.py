@@ -44,6 +44,12 @@ def test_limits_follow_the_measurements():
     assert faster("rnn", torch.float32, "cuda", 256, 512)
     assert not faster("rnn", torch.bfloat16, "cuda", 1024, 1024)
     assert faster("gru", torch.float32, "cuda", 4, 2048)  # past the persistent gated kernels
+    # Elman past H = 2048: one launch a step in float32, W_hh in shared memory in 16 bits to 3072
+    assert not faster("rnn", torch.float32, "cuda", 16, 2048)
+    assert faster("rnn", torch.float32, "cuda", 1, 2560)
+    assert not faster("rnn", torch.bfloat16, "cuda", 8, 3072, training=True)
+    assert faster("rnn", torch.bfloat16, "cuda", 16, 3072)
+    assert faster("rnn", torch.float16, "cuda", 1, 4096)
     assert faster("lstm", torch.float32, "cuda", 1, 256, proj_size=64)
     assert faster("lstm", torch.float32, "cpu", 1, 256)  # nn.LSTM's oneDNN LSTM
     assert not faster("lstm", torch.float32, "cpu", 1, 8)  # one small step a call: ours

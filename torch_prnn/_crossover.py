@@ -30,12 +30,16 @@ _INF = float("inf")
 _CUDA_LIMITS = {
     # Elman, float32: the cluster tier holds H <= 768 up to B = 128 (1.35-2.0x
     # at B = 128 H = 512); elsewhere ours fell below nn.RNN at B * H ~ 64K.
-    ("rnn", "float32", False): ((384, 32), (768, 128), (1536, 32), (_INF, 16)),
-    ("rnn", "float32", True): ((384, 32), (768, 128), (1536, 32), (_INF, 16)),
+    # Past H = 2048 one launch a step runs: 0.1-1.0x nn.RNN at every B <= 16
+    # (H 2560-4096, bench/bench.py --large, bench/results/NVIDIA_H200.large.json).
+    ("rnn", "float32", False): ((384, 32), (768, 128), (1536, 32), (2048, 16)),
+    ("rnn", "float32", True): ((384, 32), (768, 128), (1536, 32), (2048, 16)),
     # Elman, 16-bit: tensor-core kernels, ahead at every batch measured up to
     # H = 1024 (B = 256: 1.8x); H = 2048 B = 32 even (0.98-1.04), B = 64 0.4-0.6x.
-    ("rnn", "16-bit", False): ((1536, _INF), (_INF, 16)),
-    ("rnn", "16-bit", True): ((1536, _INF), (_INF, 16)),
+    # H 2560-3072 (W_hh in shared memory): 1.5-1.8x at B = 8, 0.7-1.0x at
+    # B = 16, forward and training; H = 4096 (one launch a step) 0.1-1.0x.
+    ("rnn", "16-bit", False): ((1536, _INF), (2048, 16), (3072, 8)),
+    ("rnn", "16-bit", True): ((1536, _INF), (2048, 16), (3072, 8)),
     # LSTM: ours below nn.LSTM from B * H = 32K (B = 64 H = 512: 0.84-0.94x,
     # B = 32 H = 1024: 0.43-0.67x); float32 training at H = 1024 already at
     # B = 16 (0.77x).
