@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _crossover, _recurrent, _short
-from ._recurrent import to_device_queued
 
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
@@ -448,7 +447,7 @@ def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor,
         lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
     else:
         lengths, index = _packed_rows(batch_sizes, batch, rows)
-    index = to_device_queued(index, data.device)
+    index = index.to(data.device)
     padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
     return padded.view(steps, batch, data.shape[-1]), lengths, index
 
@@ -498,7 +497,7 @@ def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> T
         return None
     t = torch.arange(steps).unsqueeze(1)
     flip = torch.where(t < lengths, lengths - 1 - t, t)
-    return to_device_queued(flip.unsqueeze(-1), device)
+    return flip.unsqueeze(-1).to(device)
 
 
 def _flip(x: Tensor, flip: Tensor | None) -> Tensor:
