@@ -37,7 +37,8 @@ _CUDA_LIMITS = {
     # Elman, 16-bit: tensor-core kernels, ahead at every batch measured up to
     # H = 1024 (B = 256: 1.8x); H = 2048 B = 32 even (0.98-1.04), B = 64 0.4-0.6x.
     # H 2560-3072 (W_hh in shared memory): 1.5-1.8x at B = 8, 0.7-1.0x at
-    # B = 16, forward and training; H = 4096 (one launch a step) 0.1-1.0x.
+    # B = 16, forward and training (cluster tier off: 1.1-1.5x, 0.5-0.7x);
+    # H = 4096 (one launch a step) 0.1-1.0x. Measured in bfloat16.
     ("rnn", "16-bit", False): ((1536, _INF), (2048, 16), (3072, 8)),
     ("rnn", "16-bit", True): ((1536, _INF), (2048, 16), (3072, 8)),
     # LSTM: ours below nn.LSTM from B * H = 32K (B = 64 H = 512: 0.84-0.94x,

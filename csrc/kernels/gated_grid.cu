@@ -13,6 +13,8 @@
  * g H + 16 r + ul), in the backward their columns, so that a unit's cell
  * update and c (or carried gradients) stay in the thread that owns the unit.
  * One forward step (the backward's, below, is alike):
+ *   a block barrier (no warp polls while another still runs its epilogue:
+ *   its stores and the next input's loads go first) ->
  *   warp w polls the words of its own K slice of h_{t-1} (state columns
  *   [16 KT w, 16 KT w + 16 KT) of the group's live sequences; words {tag:
  *   high 32 bits, two 16-bit values}, tag = t, all in flight, the stale ones
@@ -159,14 +161,16 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.words;
 
-  /* Step t uses state buffer and partial sums t & 1, so one barrier a step
-   * suffices: a warp writes buffer t & 1 again at t + 2, after step t + 1's
-   * barrier, which every warp reaches only once its step-t epilogue is done. */
+  /* Step t uses state buffer and partial sums t & 1: a warp writes buffer
+   * t & 1 again at t + 2, after step t + 1's barriers, which every warp
+   * reaches only once its step-t epilogue is done. (With the barrier before
+   * each poll one buffer of each would do; the second costs shared memory
+   * only.) */
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
     unsigned short *state = sm.state + cur * kMmaSeqs * SPITCH;
     const MmaSmem<S> step = sm.with_partials(cur);
-    if (t > 0) __syncthreads(); /* every epilogue of step t - 1 done before the poll (see the header) */
+    if (t > 0) __syncthreads(); /* every epilogue of step t - 1 done before the poll */
     if (t > 0)
       load_slice<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp,
                         lane);
