@@ -101,8 +101,19 @@ def torch_errors(reference, dtype, inputs, layout, ref_grads):
     output, h_n = theirs(module_input(layout, leaves[0]), *leaves[1:])
     grads = torch.autograd.grad(random_loss(output, h_n), [*leaves, *theirs.parameters()])
     finite = [r.isfinite() for r in ref_grads]
-    return [rel_err(g[f], r[f]) if f.any() and g[f].isfinite().all() else None
-            for g, r, f in zip(grads, ref_grads, finite, strict=True)]
+    errors = [rel_err(g[f], r[f]) if f.any() and g[f].isfinite().all() else None
+              for g, r, f in zip(grads, ref_grads, finite, strict=True)]
+    # b_ih and b_hh add to the same pre-activation, so their gradients are one
+    # quantity, which nn.RNN computes twice by different paths (two roundings)
+    # and ours once: each bias takes the larger of torch's two errors.
+    names = [None] * len(inputs) + [name for name, _ in theirs.named_parameters()]
+    for i, name in enumerate(names):
+        if name is not None and name.startswith("bias_ih_"):
+            j = names.index("bias_hh_" + name[len("bias_ih_"):])
+            pair = [e for e in (errors[i], errors[j]) if e is not None]
+            if pair:
+                errors[i] = errors[j] = max(pair)
+    return errors
 
 
 def assert_close_as_torch(out, ref, dtype, what, torch_error):
