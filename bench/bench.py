@@ -260,6 +260,28 @@ def run_floor(binary):
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
+def run_meta(device):
+    """What every record carries about the run."""
+    return {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat()}
+
+
+def step_record(impl, cell, dtype_name, batch, hidden, steps, pass_name, us, meta, **extra):
+    """One record of the schema above (one layer, I = H)."""
+    return dict(impl=impl, cell=cell, dtype=dtype_name, batch=batch, hidden=hidden, input=hidden, steps=steps,
+                layers=1, **{"pass": pass_name}, us_per_step=round(us, 4), **extra, **meta)
+
+
+def write_records(path, records, keep):
+    """records into the JSON file at path, after the records already there that keep(record) is true of."""
+    kept = []
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = [r for r in json.load(f) if keep(r)]
+    with open(path, "w") as f:
+        json.dump(kept + records, f, indent=1)
+
+
 LARGE_HIDDEN = (1536, 2048, 2560, 3072, 4096)
 LARGE_BATCH = (1, 2, 4, 8, 16)
 
@@ -269,8 +291,7 @@ def large_layers(args):
     and forward+backward against nn.RNN eager and its forward in a CUDA
     graph, with the cluster tier as the environment leaves it."""
     device = torch.cuda.get_device_properties(0).name
-    meta = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.date.today().isoformat()}
+    meta = run_meta(device)
     clusters = os.environ.get("PRNN_DISABLE_CLUSTER_TIER", "") in ("", "0")
     extra = {} if clusters else {"clusters": False}
     steps, records = 256, []
@@ -281,22 +302,15 @@ def large_layers(args):
             for batch in LARGE_BATCH:
                 t, err = bench_one(dtype_name, batch, hidden, steps, args.iters, ("fwd", "fwdbwd"))
                 plan = torch_prnn.plan(hidden, batch=batch, steps=steps, dtype=DTYPES[dtype_name], device="cuda")
-                for (impl, pss), us in t.items():
-                    records.append(dict(impl=impl, cell="rnn_tanh", dtype=dtype_name, batch=batch, hidden=hidden,
-                                        input=hidden, steps=steps, layers=1, **{"pass": pss},
-                                        us_per_step=round(us, 4), **extra, **meta))
+                records += [step_record(impl, "rnn_tanh", dtype_name, batch, hidden, steps, pss, us, meta, **extra)
+                            for (impl, pss), us in t.items()]
                 fwd, fb = t[("prnn", "fwd")], t[("prnn", "fwdbwd")]
                 print(f"{dtype_name:8s} {batch:3d} {hidden:5d} {fwd:7.2f} {t[('cudnn', 'fwd')] / fwd:7.1f} "
                       f"{t[('cudnn_graph', 'fwd')] / fwd:7.1f} {fb:7.2f} {t[('cudnn', 'fwdbwd')] / fb:6.1f}  "
                       f"{plan['tier']} ({plan['module']}) err={err:.1e}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{device.replace(' ', '_')}.large.json")
-    kept = []
-    if os.path.exists(path):  # the other cluster setting's records stay
-        with open(path) as f:
-            kept = [r for r in json.load(f) if r.get("clusters", True) != clusters]
-    with open(path, "w") as f:
-        json.dump(kept + records, f, indent=1)
+    write_records(path, records, lambda r: r.get("clusters", True) != clusters)  # the other setting's stay
 
 
 def main():
@@ -324,8 +338,7 @@ def main():
 
     props = torch.cuda.get_device_properties(0)
     device = props.name
-    meta = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.date.today().isoformat()}
+    meta = run_meta(device)
     steps = 256
     if args.quick:
         grid = [(d, b, h) for d in DTYPES for b in (1, 4, 16) for h in (512, 1024)]
@@ -341,10 +354,8 @@ def main():
         times, err = bench_one(dtype_name, batch, hidden, steps, args.iters, passes, args.cell)
         tier = torch_prnn.plan(hidden, batch=batch, steps=steps, dtype=DTYPES[dtype_name], device="cuda",
                                **({} if args.cell == "rnn" else {"cell": args.cell}))["tier"]
-        for (impl, pss), us in times.items():
-            records.append(dict(impl=impl, cell=CELLS[args.cell][3], dtype=dtype_name, batch=batch, hidden=hidden,
-                                input=hidden, steps=steps, layers=1, **{"pass": pss}, us_per_step=round(us, 4),
-                                **meta))
+        records += [step_record(impl, CELLS[args.cell][3], dtype_name, batch, hidden, steps, pss, us, meta)
+                    for (impl, pss), us in times.items()]
         rows.append((dtype_name, batch, hidden, tier, times, err))
         print(f"{dtype_name:8s} B={batch:3d} H={hidden:5d} {tier:22s} "
               + " ".join(f"{i}/{p}={v:8.2f}" for (i, p), v in times.items()) + f" err={err:.1e}", flush=True)
@@ -357,12 +368,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     slug = device.replace(" ", "_")
     path = os.path.join(args.out, f"{slug}.json")
-    kept = []
-    if os.path.exists(path):  # other cells' records stay
-        with open(path) as f:
-            kept = [r for r in json.load(f) if r.get("cell") != CELLS[args.cell][3]]
-    with open(path, "w") as f:
-        json.dump(kept + records, f, indent=1)
+    write_records(path, records, lambda r: r.get("cell") != CELLS[args.cell][3])  # other cells' records stay
     if args.cell == "rnn":
         with open(os.path.join(args.out, f"{slug}.extra.json"), "w") as f:
             json.dump({**meta, "floor": floor, "peak_training_bytes_B4_H1024_T256": memory}, f, indent=1)
