@@ -170,10 +170,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
     const int cur = t & 1;
     unsigned short *state = sm.state + cur * kMmaSeqs * SPITCH;
     const MmaSmem<S> step = sm.with_partials(cur);
-    if (t > 0) __syncthreads(); /* every epilogue of step t - 1 done before the poll */
-    if (t > 0)
+    if (t > 0) {
+      __syncthreads(); /* every epilogue of step t - 1 done before the poll */
       load_slice<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp,
                         lane);
+    }
     products_to_partials<S, E>(a, step, cur, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
 
@@ -197,9 +198,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
  * dc (and a GRU's direct part of dh) stays in its thread's registers. Step s
  * (t = T - 1 - s) exchanges the hh-side gate gradients of every unit, column
  * g Hp + v, as words of two 16-bit values (grad_hh's width) and tag s + 1:
- * warp w polls its K slice of them, runs its mma, one barrier, the unit
- * threads' backward, each even lane publishing its and its neighbour's G
- * values. s = T (t = -1) gives grad_h0. The epilogue reads no state, so
+ * after a block barrier warp w polls its K slice of them and runs its mma,
+ * another barrier, the unit threads' backward, each even lane publishing its
+ * and its neighbour's G values. s = T (t = -1) gives grad_h0. The epilogue reads no state, so
  * the state buffers' and partial sums' argument is the forward's.
  */
 template <class Cell, typename E, int KT>
