@@ -23,8 +23,6 @@ CPU tensors go in and out. Each record:
  "torch", "cuda", "date"} (input size = hidden size, one layer).
 """
 import argparse
-import datetime
-import json
 import os
 import sys
 import time
@@ -32,6 +30,7 @@ import time
 import torch
 
 import torch_prnn
+from bench import run_meta, write_records  # bench/bench.py: this file's folder is on sys.path
 
 START = time.monotonic()
 PROGRESS = False
@@ -228,8 +227,7 @@ def main():
         return
 
     props = torch.cuda.get_device_properties(0)
-    meta = {"device": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.date.today().isoformat()}
+    meta = run_meta(props.name)
     steps = args.steps or (1000 if args.quick else 5000)
     warmup = max(100, steps // 10)
     batches, hiddens = ((1,), (256, 1024)) if args.quick else ((1, 8), (256, 640, 1024))
@@ -262,12 +260,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     slug = props.name.replace(" ", "_")
     path = os.path.join(args.out, f"{slug}.stream.json")
-    kept = []
-    if os.path.exists(path):  # other cells' records stay
-        with open(path) as f:
-            kept = [r for r in json.load(f) if r.get("cell") != cell_name]
-    with open(path, "w") as f:
-        json.dump(kept + records, f, indent=1)
+    write_records(path, records, lambda r: r.get("cell") != cell_name)  # other cells' records stay
     plot(records, os.path.join(args.out, f"{slug}.stream.{cell_name}.png" if args.cell != "rnn" else
                                f"{slug}.stream.png"))
     print(f"wrote {path}")
