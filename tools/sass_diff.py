@@ -7,6 +7,12 @@ name), whichever file they are in: a kernel may move between files, its code
 may not change. Prints one row per function; exits 1 on any difference.
 
     python3 tools/sass_diff.py [--base COMMIT]   (default: where HEAD left main)
+                               [--rename REGEX=REPLACEMENT ...]
+
+--rename matches by demangled name (c++filt), the working tree's names
+rewritten first: for a change that renames a kernel or gives it a template
+argument, e.g. --rename 'prnn::ElmanCell, =' for kernels newly templated on
+the cell. A kernel's SASS may not change.
 
 cuobjdump: on PATH, or from `pip install nvidia-cuda-cuobjdump`.
 """
@@ -71,6 +77,25 @@ def sass_of(kernels_dir, source, outdir):
     return functions
 
 
+def demangled(names):
+    """{mangled: demangled} by c++filt."""
+    names = list(names)
+    out = subprocess.run(["c++filt"], input="\n".join(names), check=True, capture_output=True, text=True).stdout
+    return dict(zip(names, out.splitlines()))
+
+
+def renamed(functions, renames):
+    """functions with keys (arch, demangled name), each rename applied in turn."""
+    readable = demangled({name for _, name in functions})
+    out = {}
+    for (arch, name), value in functions.items():
+        name = readable[name]
+        for pattern, replacement in renames:
+            name = re.sub(pattern, replacement, name)
+        out[(arch, name)] = value
+    return out
+
+
 def build(kernels_dir, pool):
     """{(arch, function): (file, SASS)} of every .cu file in kernels_dir."""
     out = {}
@@ -87,7 +112,15 @@ def build(kernels_dir, pool):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", help="commit to compare against (default: git merge-base main HEAD)")
+    ap.add_argument("--rename", action="append", default=[], metavar="REGEX=REPLACEMENT",
+                    help="rewrite the working tree's demangled names before matching (repeatable)")
     args = ap.parse_args()
+    renames = []
+    for rule in args.rename:
+        pattern, sep, replacement = rule.partition("=")
+        if not sep or not pattern:
+            ap.error(f"--rename takes REGEX=REPLACEMENT, got {rule!r}")
+        renames.append((pattern, replacement))
     if args.base is None:
         args.base = subprocess.run(["git", "-C", REPO, "merge-base", "main", "HEAD"], check=True,
                                    capture_output=True, text=True).stdout.strip()[:12]
@@ -97,6 +130,8 @@ def main():
         subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
         before = build(os.path.join(base, "csrc", "kernels"), pool)
         after = build(os.path.join(REPO, "csrc", "kernels"), pool)
+    if renames:
+        before, after = renamed(before, []), renamed(after, renames)
 
     differ = 0
     for key in sorted(set(before) | set(after), key=lambda k: (k[1], k[0])):
