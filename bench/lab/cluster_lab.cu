@@ -24,7 +24,7 @@ using namespace prnn;
 /* The kernel with its attributes set; *room = how many of its clusters the device holds at once. */
 template <int KT, int ROWS>
 static void (*prepared_kernel(int hidden, int *room))(RecurrenceParams, InputProjection) {
-  void (*fn)(RecurrenceParams, InputProjection) = cluster_rnn_kernel<__nv_bfloat16, KT, ROWS>;
+  void (*fn)(RecurrenceParams, InputProjection) = cluster_rnn_kernel<ElmanCell, __nv_bfloat16, KT, ROWS>;
   const int smem = cluster_smem_bytes(128 * KT, ROWS), ctas = (hidden + ROWS - 1) / ROWS;
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -38,7 +38,7 @@ template <int KT, int ROWS>
 static float time_ms(void (*fn)(RecurrenceParams, InputProjection), int steps, int batch, int group, int hidden, void *a, void *in,
                      void *h0, void *out) {
   RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
-  p.group_seqs = group;
+  p.cluster.group_seqs = group;
   const int ctas = (hidden + ROWS - 1) / ROWS, groups = (batch + group - 1) / group;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg =
@@ -72,7 +72,7 @@ static void run(const char *label, int batch, int hidden, int group = 8) {
 /* The FFMA kernel (cluster_ffma.cuh): one sequence per cluster, `batch` clusters. */
 template <typename E, int KC, int WR, int RREG>
 static void run_ffma(const char *label, const char *dtype, int batch, int hidden) {
-  void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<E, KC, WR, RREG>;
+  void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<ElmanCell, E, KC, WR, RREG>;
   const int rows = 8 * WR, ctas = hidden > rows ? (hidden + rows - 1) / rows : 2;
   const int smem = cluster_ffma_smem_bytes((int)sizeof(E), KC, WR, RREG);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -97,7 +97,7 @@ static void run_ffma(const char *label, const char *dtype, int batch, int hidden
 template <typename E>
 static void run_grid(const char *label, const char *dtype, int batch, int hidden) {
   constexpr int RREG = 4;
-  void (*fn)(RecurrenceParams) = cluster_grid_kernel<E, 16, RREG>;
+  void (*fn)(RecurrenceParams) = cluster_grid_kernel<ElmanCell, E, 16, RREG>;
   const int clusters = (hidden + kGridClusterRows - 1) / kGridClusterRows;
   const int smem = cluster_grid_smem_bytes((int)sizeof(E), 16, RREG);
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -113,8 +113,8 @@ static void run_grid(const char *label, const char *dtype, int batch, int hidden
   const cudaLaunchConfig_t cfg = cluster_grid_launch_config(clusters, smem, 0, attrs);
   auto params = [&](int steps) {
     RecurrenceParams p = dense_params(steps, batch, hidden, b.a, b.in, b.h0, b.out);
-    p.team_rows = clusters * kGridClusterRows;
-    p.xchg = static_cast<unsigned long long *>(ws);
+    p.cluster_grid.team_rows = clusters * kGridClusterRows;
+    p.exchange = static_cast<unsigned long long *>(ws);
     return p;
   };
   auto zero_flags = [&] { CHECK(cudaMemsetAsync(ws, 0, (size_t)kGridFlagWords * 4)); };

@@ -17,11 +17,11 @@ template <typename E, int R, int KL, int RREG, int MAXT>
 static float time_ms(int steps, int batch, int hidden, void *a, void *in, void *h0, void *out, void *xchg) {
   const int block = (hidden + 32 * KL - 1) / (32 * KL) * 32, grid = (hidden + R - 1) / R;
   RecurrenceParams p = dense_params(steps, batch, hidden, a, in, h0, out);
-  p.hidden_padded = block * KL;
-  p.xchg = (unsigned long long *)xchg;
-  const size_t xbytes = 2 * (size_t)batch * (p.hidden_padded / Pack<E>::value) * 8;
-  const int smem = 2 * (block / 32) * (R >= 32 ? R : 32) * 4 + (R - RREG) * p.hidden_padded * (int)sizeof(E);
-  void (*fn)(RecurrenceParams) = persistent_rnn_kernel<E, R, KL, RREG, MAXT>;
+  p.grid.hidden_padded = block * KL;
+  p.exchange = (unsigned long long *)xchg;
+  const size_t xbytes = 2 * (size_t)batch * (p.grid.hidden_padded / Pack<E>::value) * 8;
+  const int smem = 2 * (block / 32) * (R >= 32 ? R : 32) * 4 + (R - RREG) * p.grid.hidden_padded * (int)sizeof(E);
+  void (*fn)(RecurrenceParams) = persistent_rnn_kernel<ElmanCell, E, R, KL, RREG, MAXT>;
   CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   void *args[] = {&p};
   return median_launch_ms(

@@ -19,7 +19,7 @@ using namespace prnn;
 
 int main(int argc, char **argv) {
   const char *label = argc > 1 ? argv[1] : "projection";
-  void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<float, 8, 8, 6>;
+  void (*fn)(RecurrenceParams, InputProjection) = cluster_ffma_kernel<ElmanCell, float, 8, 8, 6>;
   const int hidden = 1024, input = 1024, steps = 256, ctas = 16;
   const int smem_rec = cluster_ffma_smem_bytes(4, 8, 8, 6);
   const int smem = smem_rec > kProjSmemOffset + kProjSmemBytes ? smem_rec : kProjSmemOffset + kProjSmemBytes;

@@ -1,10 +1,14 @@
 /*
- * cells.cuh - the gated cells as compile-time policies: gates per hidden
- * unit, values saved for the backward pass, and the pointwise forward and
- * backward of one hidden unit of one sequence (PyTorch's nn.LSTM / nn.GRU,
- * prnn.h). Every gated kernel family calls these, so all tiers compute the
- * same function; a family only decides where the gate sums come from.
+ * cells.cuh - the cells as compile-time policies: gates per hidden unit,
+ * values saved for the backward pass, and the pointwise forward and backward
+ * of one hidden unit of one sequence (PyTorch's nn.RNN / nn.LSTM / nn.GRU,
+ * prnn.h). Every kernel family is templated on its cell and calls these, so
+ * all tiers compute the same function; a family only decides where the gate
+ * sums come from. The Elman families take a cell of one gate (a row of A is
+ * an output and an exchanged state value); the gated families the LSTM's
+ * and the GRU's (G rows of W_hh a unit).
  *
+ * Gated cells:
  * A is the arithmetic type (float, or double for float64). In the forward,
  * `hh` holds W_hh h_{t-1} + b_hh of the unit's G gates and `prev` what the
  * cell carries per unit (LSTM: c_{t-1}; GRU: h_{t-1}). In the backward, `dh`
@@ -35,6 +39,53 @@ struct FastMath {
   static __device__ __forceinline__ float tanh_of(float x) {
     const float x2 = x * x, series = fmaf(x * x2, fmaf(x2, 2.f / 15.f, -1.f / 3.f), x);
     return fabsf(x) < 0.0625f ? series : 1.f - __fdividef(2.f, __expf(2.f * x) + 1.f);
+  }
+};
+
+/* Elman's cell: h_t = act(xp_t + W_hh h_{t-1}), xp holding both biases. The
+ * activation (prnn_activation_t) is a value of the pass, so that one kernel
+ * serves tanh and relu; the backward needs only the output y = act(x). */
+struct ElmanCell {
+  static const int kGates = 1;
+  static const bool kCarriesCell = false;
+
+  /* act(x). relu keeps NaN (like torch.relu): NaN < 0 is false. */
+  template <typename A>
+  static __device__ __forceinline__ A activate(int activation, A x) {
+    if (activation == PRNN_ACT_RELU) return x < A(0) ? A(0) : x;
+    return PreciseMath::tanh_of(x);
+  }
+
+  /* act'(x) written in terms of y = act(x). relu's is 0 where y <= 0 and 1
+   * elsewhere, NaN included, as torch's relu backward passes the gradient. */
+  template <typename A>
+  static __device__ __forceinline__ A activation_grad(int activation, A y) {
+    if (activation == PRNN_ACT_RELU) return y <= A(0) ? A(0) : A(1);
+    return A(1) - y * y;
+  }
+
+  /*
+   * One output of one step, either pass.
+   *   mat:    (A s_prev)[row] for this sequence, A = W_hh (forward) or W_hh^T (backward)
+   *   in:     xp_t (forward) or grad_y_t (backward) at (b, row)
+   *   y:      forward output at (t, b, row), backward only
+   *   frozen: the previous state at (b, row), forward only (used past the length)
+   * Returns the output element and sets *state to the carried state.
+   */
+  template <typename A>
+  static __device__ __forceinline__ A step(int backward, int activation, bool active, A mat, A in, A y, A frozen,
+                                           A *state) {
+    if (backward) {
+      const A delta = active ? activation_grad(activation, y) * (mat + in) : A(0);
+      *state = delta;
+      return delta;
+    }
+    if (active) {
+      *state = activate(activation, mat + in);
+      return *state;
+    }
+    *state = frozen;
+    return A(0);
   }
 };
 

@@ -47,7 +47,7 @@
 #include "exchange.cuh"
 #include "mma.cuh"
 #include "projection.cuh"
-#include "rnn_math.cuh"
+#include "cells.cuh"
 
 namespace prnn {
 
@@ -93,7 +93,7 @@ __host__ __device__ constexpr int cluster_smem_bytes(int k_extent, int rows) {
                                  : cluster_stage_smem(k_extent, rows));
 }
 
-template <typename E, int KT, int ROWS>
+template <class Cell, typename E, int KT, int ROWS>
 __global__ void __launch_bounds__(kClusterThreads, 1)
     cluster_rnn_kernel(const RecurrenceParams p, const InputProjection proj) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -104,17 +104,18 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   constexpr int PPITCH = cluster_partial_pitch(ROWS), SLPITCH = cluster_slice_pitch(ROWS);
   constexpr int OPT = (ROWS + 31) / 32;  /* outputs per thread: rows lane + 32 i of its warp's sequence */
   static_assert(ROWS % 8 == 0 && MT >= 1 && OPT <= 3, "bad cluster shape");
+  static_assert(Cell::kGates == 1, "an Elman family: one row of A an output");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const unsigned rank = cluster_rank(), ctas = cluster_size();
   const int row0 = (int)rank * ROWS;
-  if (p.group_seqs < 1 || p.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
+  if (p.cluster.group_seqs < 1 || p.cluster.group_seqs > kClusterSeqs) __trap(); /* the launcher's contract: 1..8 */
   extern __shared__ __align__(16) unsigned char smem[];
   if (project_if_producer<E>(p, proj, smem, rank, ctas)) return;
   const int producers = proj.clusters;
-  const int seq0 = ((int)cluster_index() - producers) * p.group_seqs;
-  const int live = B - seq0 < p.group_seqs ? B - seq0 : p.group_seqs; /* sequences of this group, >= 1 */
+  const int seq0 = ((int)cluster_index() - producers) * p.cluster.group_seqs;
+  const int live = B - seq0 < p.cluster.group_seqs ? B - seq0 : p.cluster.group_seqs; /* sequences of this group, >= 1 */
   E *out;
   const E *in, *yfwd, *h0;
   typed_tensors(p, out, in, yfwd, h0);
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
         const float frozen =
             (o_valid[i] && !active && !p.backward) ? from_bits<E>(prev[warp * SPITCH + row0 + r]) : 0.f;
         float st;
-        o_out[i] = Round<E>::to(step_output(p.backward, p.activation, active, mat, from_bits<E>(o_op[i] & 0xffffu),
+        o_out[i] = Round<E>::to(Cell::step(p.backward, p.activation, active, mat, from_bits<E>(o_op[i] & 0xffffu),
                                                  from_bits<E>(o_op[i] >> 16), frozen, &st));
         slice[warp * SLPITCH + r] = o_valid[i] ? round_bits<E>(st) : (unsigned short)0; /* padding publishes zeros */
       }
@@ -416,7 +417,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 }
 
 #define PRNN_CLUSTER_CONFIG(E, KT, ROWS) \
-  { KT, ROWS, (const void *)cluster_rnn_kernel<E, KT, ROWS> }
+  { KT, ROWS, (const void *)cluster_rnn_kernel<ElmanCell, E, KT, ROWS> }
 
 /* The compiled shapes of each 16-bit dtype, smallest K extent first (cluster.cu). */
 const int cluster_config_count = 4; /* cluster.cu checks its tables' lengths against it */

@@ -9,7 +9,7 @@
 namespace prnn {
 
 #define PRNN_FFMA_CONFIG(DTYPE, E, KC, WR, RREG) \
-  { DTYPE, KC, WR, RREG, (const void *)cluster_ffma_kernel<E, KC, WR, RREG> }
+  { DTYPE, KC, WR, RREG, (const void *)cluster_ffma_kernel<ElmanCell, E, KC, WR, RREG> }
 
 extern const ClusterFfmaConfig cluster_ffma_configs[] = {
     PRNN_FFMA_CONFIG(PRNN_DTYPE_FLOAT32, float, 2, 8, 8),

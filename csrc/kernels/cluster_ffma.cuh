@@ -37,7 +37,7 @@
 #include "exchange.cuh"
 #include "ffma.cuh"
 #include "projection.cuh"
-#include "rnn_math.cuh"
+#include "cells.cuh"
 #include "warp_reduce.cuh"
 
 namespace prnn {
@@ -163,13 +163,14 @@ __device__ __forceinline__ void store_peer4_async(uint32_t remote, uint32_t v, u
 #endif
 }
 
-template <typename E, int KC, int WR, int RREG>
+template <class Cell, typename E, int KC, int WR, int RREG>
 __global__ void __launch_bounds__(kClusterThreads, 1)
     cluster_ffma_kernel(const RecurrenceParams p, const InputProjection q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef typename Quad<E>::type Q;
   constexpr int RSH = WR - RREG, KEXT = 128 * KC, R = kClusterWarps * WR;
   static_assert((WR == 8 || WR == 9) && RREG >= 1 && RREG <= WR && KEXT % R == 0, "bad FFMA cluster shape");
+  static_assert(Cell::kGates == 1, "an Elman family: one row of A an output");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     /* past the length the state stays s_{t-1}: this CTA's own buffer holds it */
     const float frozen = (o_valid && !active && !p.backward) ? prev[o_row] : 0.f;
     float st;
-    const E value = Round<E>::to(step_output(p.backward, p.activation, active, mat, o_in, o_y, frozen, &st));
+    const E value = Round<E>::to(Cell::step(p.backward, p.activation, active, mat, o_in, o_y, frozen, &st));
     const float publish = o_valid ? to_accum(Round<E>::to(st)) : 0.f; /* padding publishes zeros */
     float4 v;
     v.x = __shfl_sync(0xffffffffu, publish, 16 * half);

@@ -10,9 +10,9 @@
 namespace prnn {
 
 extern const ClusterGridConfig cluster_grid_configs[] = {
-    {PRNN_DTYPE_FLOAT32, 16, 4, (const void *)cluster_grid_kernel<float, 16, 4>},
-    {PRNN_DTYPE_BFLOAT16, 16, 4, (const void *)cluster_grid_kernel<__nv_bfloat16, 16, 4>},
-    {PRNN_DTYPE_FLOAT16, 16, 4, (const void *)cluster_grid_kernel<__half, 16, 4>},
+    {PRNN_DTYPE_FLOAT32, 16, 4, (const void *)cluster_grid_kernel<ElmanCell, float, 16, 4>},
+    {PRNN_DTYPE_BFLOAT16, 16, 4, (const void *)cluster_grid_kernel<ElmanCell, __nv_bfloat16, 16, 4>},
+    {PRNN_DTYPE_FLOAT16, 16, 4, (const void *)cluster_grid_kernel<ElmanCell, __half, 16, 4>},
 };
 static_assert(sizeof(cluster_grid_configs) / sizeof(cluster_grid_configs[0]) == cluster_grid_config_count,
               "cluster_grid_config_count must match the table");
@@ -75,8 +75,8 @@ prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
  * once, or an error), after the flags are zeroed. */
 prnn_status_t launch(const ElmanPlan &plan, const prnn_problem_t *, RecurrenceParams params, InputProjection,
                      void *workspace, cudaStream_t stream) {
-  params.team_rows = plan.cluster_grid.team_rows;
-  params.xchg = static_cast<unsigned long long *>(workspace);
+  params.cluster_grid.team_rows = plan.cluster_grid.team_rows;
+  params.exchange = static_cast<unsigned long long *>(workspace);
   cudaError_t err = cudaMemsetAsync(workspace, 0, (size_t)kGridFlagWords * 4, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   cudaLaunchAttribute attrs[2];

@@ -55,7 +55,7 @@
 #include "dsmem.cuh"
 #include "exchange.cuh"
 #include "ffma.cuh"
-#include "rnn_math.cuh"
+#include "cells.cuh"
 #include "warp_reduce.cuh"
 
 namespace prnn {
@@ -126,18 +126,19 @@ __device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, un
 /* flag >= want, counting with wrap-around */
 __device__ __forceinline__ bool reached(unsigned flag, unsigned want) { return (int)(flag - want) >= 0; }
 
-template <typename E, int KC, int RREG>
+template <class Cell, typename E, int KC, int RREG>
 __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const RecurrenceParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef typename Quad<E>::type Q;
   constexpr int KEXT = 128 * KC, KH = KC / 2, WR = kGridWarpRows, SP = cluster_grid_state_pitch(KC);
   constexpr int NB = kGridSeqs;
   static_assert(KC % 2 == 0 && RREG >= 1 && RREG <= WR, "bad cluster-grid shape");
+  static_assert(Cell::kGates == 1, "an Elman family: one row of A an output");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp % kGridRowGroups, half = warp / kGridRowGroups;
   const int T = p.steps, B = p.batch, H = p.hidden;
-  const int team_rows = p.team_rows; /* 160 G */
+  const int team_rows = p.cluster_grid.team_rows; /* 160 G */
   const int G = team_rows / kGridClusterRows;
   const unsigned q = cluster_rank();
   const int c = (int)cluster_index();
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
     __trap();
   const int row0 = ((int)q * G + c) * kGridRows;
   const int slice0 = (int)q * G * kGridRows, slice_bytes = G * kGridRows * 4;
-  unsigned *flags = reinterpret_cast<unsigned *>(p.xchg);
+  unsigned *flags = reinterpret_cast<unsigned *>(p.exchange);
   float *xbuf = reinterpret_cast<float *>(flags + kGridFlagWords);
   E *out;
   const E *in, *yfwd, *h0;
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_grid_kernel(const 
       /* past the length the state stays s_{t-1}: this CTA's buffer holds it */
       const float frozen = (o_valid && !active && !p.backward) ? prev[ob * SP + o_row] : 0.f;
       float st;
-      const E value = Round<E>::to(step_output(p.backward, p.activation, active, mat, o_in, o_y, frozen, &st));
+      const E value = Round<E>::to(Cell::step(p.backward, p.activation, active, mat, o_in, o_y, frozen, &st));
       /* padding rows (past H) publish zeros */
       if (deliver && ob < nb && o_row >= 0)
         xbuf[((size_t)cur * kGridSeqs + ob) * team_rows + o_row] = o_valid ? to_accum(Round<E>::to(st)) : 0.f;

@@ -112,7 +112,7 @@ prnn_status_t plan_cluster_tier(const ElmanRequest &request, const ClusterCandid
  * cooperative (all resident at once, or an error), after its flags are zeroed. */
 prnn_status_t launch_cluster_tier(const ElmanPlan &plan, const prnn_problem_t *, RecurrenceParams params,
                                   InputProjection proj, void *workspace, cudaStream_t stream) {
-  params.group_seqs = plan.cluster.group_seqs;
+  params.cluster.group_seqs = plan.cluster.group_seqs;
   if (plan.cluster.producers > 0) { /* xp goes to the workspace, after the chunk flags */
     const size_t flag_bytes = projection_flag_bytes(params.steps, params.batch);
     proj.clusters = plan.cluster.producers;

@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
   const int G = Cell::kGates;
   cg::grid_group grid = cg::this_grid();
   const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int T = p.steps, B = p.batch, H = p.hidden, K = p.state, Kp = p.k_padded;
-  const int U = p.units_per_cta, tile = p.batch_tile, R = G * U;
+  const int T = p.steps, B = p.batch, H = p.hidden, K = p.state, Kp = p.persistent.k_padded;
+  const int U = p.persistent.units_per_cta, tile = p.persistent.batch_tile, R = G * U;
   const int u0 = blockIdx.x * U, units = min(U, H - u0);
   extern __shared__ __align__(16) unsigned char smem[];
   E *w = reinterpret_cast<E *>(smem);  /* R x Kp: local row g*U + ul is W_hh row g*H + u0 + ul */
@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1) gated_forward_persistent(const Ga
 
   const int ul = tid % units, bl = tid / units, u = u0 + ul;
   for (int t = 0; t < T; ++t) {
-    const float *prev = p.xchg + (size_t)((t + 1) & 1) * B * Kp;
-    float *next = p.xchg + (size_t)(t & 1) * B * Kp;
+    const float *prev = p.persistent.xchg + (size_t)((t + 1) & 1) * B * Kp;
+    float *next = p.persistent.xchg + (size_t)(t & 1) * B * Kp;
     for (int b0 = 0; b0 < B; b0 += tile) {
       const int nb = min(tile, B - b0), b = b0 + bl;
       const bool mine = tid < units * nb;
@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1) gated_backward_persistent(const G
   const int G = Cell::kGates;
   cg::grid_group grid = cg::this_grid();
   const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int T = p.steps, B = p.batch, H = p.hidden, K = G * H, Kp = p.k_padded;
-  const int U = p.units_per_cta, tile = p.batch_tile;
+  const int T = p.steps, B = p.batch, H = p.hidden, K = G * H, Kp = p.persistent.k_padded;
+  const int U = p.persistent.units_per_cta, tile = p.persistent.batch_tile;
   const int u0 = blockIdx.x * U, units = min(U, H - u0);
   extern __shared__ __align__(16) unsigned char smem[];
   E *w = reinterpret_cast<E *>(smem);  /* U x Kp: local row ul is column u0 + ul of W_hh */
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) gated_backward_persistent(const G
   /* s = T runs t = -1: the products with step 0's gradients give grad_h0 */
   for (int s = 0; s <= T; ++s) {
     const int t = T - 1 - s;
-    const float *prev = p.xchg + (size_t)((s + 1) & 1) * B * Kp;
-    float *next = p.xchg + (size_t)(s & 1) * B * Kp;
+    const float *prev = p.persistent.xchg + (size_t)((s + 1) & 1) * B * Kp;
+    float *next = p.persistent.xchg + (size_t)(s & 1) * B * Kp;
     for (int b0 = 0; b0 < B; b0 += tile) {
       const int nb = min(tile, B - b0), b = b0 + bl, c = ul * B + b;
       const bool mine = tid < units * nb;
@@ -778,10 +778,10 @@ prnn_status_t run_gated(const prnn_problem_t *pb, bool backward, GatedParams p, 
   if (l.kernel == NULL)
     return pb->cell == PRNN_CELL_LSTM ? run_stepwise_cell<LstmCell>(pb, backward, p, workspace, stream)
                                       : run_stepwise_cell<GruCell>(pb, backward, p, workspace, stream);
-  p.units_per_cta = l.units;
-  p.k_padded = l.k_padded;
-  p.batch_tile = l.batch_tile;
-  p.xchg = static_cast<float *>(workspace);
+  p.persistent.units_per_cta = l.units;
+  p.persistent.k_padded = l.k_padded;
+  p.persistent.batch_tile = l.batch_tile;
+  p.persistent.xchg = static_cast<float *>(workspace);
   err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, stream); /* the padding columns read as zero */
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&p};

@@ -45,14 +45,14 @@ struct BackwardShape : MmaShape<8 * KT, Cell::kGates * KT, Cell::kGates * 8 * KT
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* Where this CTA sits: its rank among the cluster's CTAs, the cluster's
- * first sequence and how many of its p.group_seqs sequences exist. */
+ * first sequence and how many of its p.group.seqs sequences exist. */
 struct ClusterPlace {
   unsigned rank, ctas;
   int seq0, live;
   __device__ __forceinline__ explicit ClusterPlace(const GatedParams &p) : rank(cluster_rank()), ctas(cluster_size()) {
-    if (p.group_seqs < 1 || p.group_seqs > kSeqs) __trap(); /* the launcher's contract: 1..8 */
-    seq0 = (int)cluster_index() * p.group_seqs;
-    live = p.batch - seq0 < p.group_seqs ? p.batch - seq0 : p.group_seqs;
+    if (p.group.seqs < 1 || p.group.seqs > kSeqs) __trap(); /* the launcher's contract: 1..8 */
+    seq0 = (int)cluster_index() * p.group.seqs;
+    live = p.batch - seq0 < p.group.seqs ? p.batch - seq0 : p.group.seqs;
   }
 };
 
@@ -315,7 +315,7 @@ void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, b
 }
 
 prnn_status_t launch_gated_cluster(const GatedClusterLaunch &l, GatedParams p, cudaStream_t stream) {
-  p.group_seqs = l.group_seqs;
+  p.group.seqs = l.group_seqs;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_launch_config(l.grid, l.ctas, l.smem_bytes, stream, &attr);
   void *args[] = {&p};

@@ -64,16 +64,16 @@ __host__ __device__ inline int words_per_seq(int ctas, int blocks) { return bloc
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 /* Where this CTA sits: its group's CTAs, its rank there and first unit, the
- * group's first sequence and how many of its p.group_seqs sequences exist. */
+ * group's first sequence and how many of its p.group.seqs sequences exist. */
 struct GridPlace {
   int ctas, rank, u0, seq0, live;
   __device__ __forceinline__ explicit GridPlace(const GatedParams &p) {
-    if (p.group_seqs < 1 || p.group_seqs > kMmaSeqs) __trap(); /* the launcher's contract: 1..8 */
+    if (p.group.seqs < 1 || p.group.seqs > kMmaSeqs) __trap(); /* the launcher's contract: 1..8 */
     ctas = (p.hidden + kUnits - 1) / kUnits;
     rank = (int)blockIdx.x % ctas;
     u0 = rank * kUnits;
-    seq0 = (int)blockIdx.x / ctas * p.group_seqs;
-    live = p.batch - seq0 < p.group_seqs ? p.batch - seq0 : p.group_seqs;
+    seq0 = (int)blockIdx.x / ctas * p.group.seqs;
+    live = p.batch - seq0 < p.group.seqs ? p.batch - seq0 : p.group.seqs;
   }
 };
 
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   const int b = seq0 + warp, ul = lane, u = u0 + lane;
   const bool mine = warp < live && lane < U && u < H;
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
-  unsigned long long *xchg = p.words;
+  unsigned long long *xchg = p.group.words;
 
   /* Step t uses state buffer and partial sums t & 1: a warp writes buffer
    * t & 1 again at t + 2, after step t + 1's barriers, which every warp
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
   const int b = seq0 + warp, ul = lane, u = u0 + lane;
   const bool mine = warp < live && lane < U && u < H;
   BackwardUnitState<Cell, E> unit(p, b, u, mine);
-  unsigned long long *xchg = p.words;
+  unsigned long long *xchg = p.group.words;
 
   for (int s = 0; s <= T; ++s) {
     const int cur = s & 1;
@@ -335,8 +335,8 @@ prnn_status_t choose_gated_grid(const prnn_problem_t *pb, bool backward, int dev
 }
 
 prnn_status_t launch_gated_grid(const GatedGridLaunch &l, GatedParams p, void *workspace, cudaStream_t stream) {
-  p.group_seqs = l.group_seqs;
-  p.words = static_cast<unsigned long long *>(workspace);
+  p.group.seqs = l.group_seqs;
+  p.group.words = static_cast<unsigned long long *>(workspace);
   /* tags start at zero: no word of an earlier call can match a step's tag */
   cudaError_t err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");

@@ -35,14 +35,16 @@ struct GatedParams {
   const void *grad_c_n;
   int64_t grad_c_n_stride_b;
   void *grad_xp, *grad_hh, *grad_h, *grad_h0, *grad_c0;
-  /* persistent family */
-  int units_per_cta;               /* U */
-  int k_padded;                    /* K of the on-chip matrix, padded to kKAlign */
-  int batch_tile;                  /* sequences staged at once */
-  float *xchg;                     /* 2 x batch x k_padded exchanged values (K = S forward, G*H backward) */
-  /* cluster and grid families (gated_cluster.cu, gated_grid.cu) */
-  int group_seqs;                  /* sequences a cluster or group carries, 1..8 */
-  unsigned long long *words;       /* grid family: 2 x batch x words a sequence, the exchanged state */
+  struct {
+    int units_per_cta;             /* U */
+    int k_padded;                  /* K of the on-chip matrix, padded to kKAlign */
+    int batch_tile;                /* sequences staged at once */
+    float *xchg;                   /* 2 x batch x k_padded exchanged values (K = S forward, G*H backward) */
+  } persistent;                    /* persistent family (gated.cu) */
+  struct {
+    int seqs;                      /* sequences a cluster or group carries, 1..8 */
+    unsigned long long *words;     /* grid family: 2 x batch x words a sequence, the exchanged state */
+  } group;                         /* cluster and grid families (gated_cluster.cu, gated_grid.cu) */
 };
 
 /* ---------------------------------------------------------------- units */

@@ -144,8 +144,8 @@ prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
 prnn_status_t launch(const ElmanPlan &plan, const prnn_problem_t *, RecurrenceParams params, InputProjection,
                      void *workspace, cudaStream_t stream) {
   const prnn_plan_t &s = plan.summary;
-  params.hidden_padded = plan.grid.hidden_padded;
-  params.xchg = static_cast<unsigned long long *>(workspace);
+  params.grid.hidden_padded = plan.grid.hidden_padded;
+  params.exchange = static_cast<unsigned long long *>(workspace);
   cudaError_t err = cudaMemsetAsync(workspace, 0, s.workspace_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&params};

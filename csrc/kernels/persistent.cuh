@@ -27,7 +27,7 @@
 #define PRNN_PERSISTENT_CUH
 
 #include "exchange.cuh"
-#include "rnn_math.cuh"
+#include "cells.cuh"
 #include "warp_reduce.cuh"
 
 namespace prnn {
@@ -85,7 +85,7 @@ __device__ __forceinline__ float dot_word(uint32_t w, const float *h, float acc)
   }
 }
 
-template <typename E, int R, int KL, int RREG, int MAXT>
+template <class Cell, typename E, int R, int KL, int RREG, int MAXT>
 __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const RecurrenceParams p) {
   constexpr int PACK = Pack<E>::value;
   constexpr int WPT = KL / PACK;           /* words per thread per row / per sequence */
@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const Recurrenc
   constexpr int M = N / 32;                /* outputs per lane after the reduce-scatter */
   constexpr int RSH = R - RREG;            /* rows in shared memory */
   static_assert(N % 32 == 0 && WPT % 2 == 0 && RREG >= 1 && RREG <= R, "bad tile shape");
+  static_assert(Cell::kGates == 1, "an Elman family: one row of A an output");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nthreads = blockDim.x, nwarps = nthreads >> 5;
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const Recurrenc
   /* Thread tid's j-th word of a row (of A) or of a sequence (of the state) is
    * word (j/2 * nthreads + tid) * 2 + j%2: a warp's 16-byte loads are contiguous. */
   auto word_index = [&](int j) { return ((j >> 1) * nthreads + tid) * 2 + (j & 1); };
-  const int words_per_seq = p.hidden_padded / PACK;
+  const int words_per_seq = p.grid.hidden_padded / PACK;
   E *out;
   const E *in, *yfwd, *h0;
   typed_tensors(p, out, in, yfwd, h0);
@@ -129,8 +130,8 @@ __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const Recurrenc
   for (int s = 0; s < T; ++s) {
     const int t = p.backward ? T - 1 - s : s;
     const unsigned tag = (unsigned)s; /* the tag of s_{t-1}; s_t is published as s + 1 */
-    const unsigned long long *prev_state = p.xchg + (size_t)((s + 1) & 1) * B * words_per_seq;
-    unsigned long long *next_state = p.xchg + (size_t)(s & 1) * B * words_per_seq;
+    const unsigned long long *prev_state = p.exchange + (size_t)((s + 1) & 1) * B * words_per_seq;
+    unsigned long long *next_state = p.exchange + (size_t)(s & 1) * B * words_per_seq;
     for (int tile = 0; tile < tiles; ++tile) {
       const int b0 = tile * BT;
 
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const Recurrenc
           }
         }
         float state;
-        const float value = step_output(p.backward, p.activation, active, mat, o_in, o_y, frozen, &state);
+        const float value = Cell::step(p.backward, p.activation, active, mat, o_in, o_y, frozen, &state);
         if (!o_valid) state = 0.f; /* padding rows publish zeros */
         const E state_e = Round<E>::to(state);
         if (o_valid) out[((size_t)t * B + o_b) * H + o_row] = Round<E>::to(value);
@@ -268,7 +269,7 @@ __global__ void __launch_bounds__(MAXT, 1) persistent_rnn_kernel(const Recurrenc
 
 /* A table entry for one compiled tile shape. */
 #define PRNN_PERSISTENT_CONFIG(E, R, KL, RREG, MAXT) \
-  { R, KL, RREG, MAXT, Pack<E>::value, persistent_rnn_kernel<E, R, KL, RREG, MAXT> }
+  { R, KL, RREG, MAXT, Pack<E>::value, persistent_rnn_kernel<ElmanCell, E, R, KL, RREG, MAXT> }
 
 /* The compiled shapes of each dtype, smallest R first (persistent_<dtype>.cu). */
 extern const PersistentConfig persistent_configs_f32[];

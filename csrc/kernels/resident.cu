@@ -61,21 +61,22 @@ const int kEagerPairsPerThread = 4;
 
 __host__ __device__ inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/* Elman's cell in the shape of cells.cuh's policies: one gate, both biases in
- * the input side (PersistentRNN's GEMM folds b_ih + b_hh into xp). */
+/* The resident kernel's cells: cells.cuh's, forward only, with both of an
+ * Elman cell's biases in the input side (PersistentRNN's GEMM folds b_ih +
+ * b_hh into xp) and its activation fixed at compile time. */
 template <int Activation>
-struct ElmanCell {
+struct ResidentElman {
   static const int kGates = 1;
   static const bool kCarriesCell = false;
   static const bool kBiasesInInput = true;
   static __device__ __forceinline__ float forward(const float (&xp)[1], const float (&hh)[1], float, float *) {
-    return activate<float>(Activation, hh[0] + xp[0]);
+    return ElmanCell::activate<float>(Activation, hh[0] + xp[0]);
   }
 };
 
-/* A gated cell of cells.cuh, without the values it saves for a backward pass. */
+/* A gated cell, without the values it saves for a backward pass. */
 template <class Cell>
-struct GatedCell {
+struct ResidentGated {
   static const int kGates = Cell::kGates;
   static const bool kCarriesCell = Cell::kCarriesCell;
   static const bool kBiasesInInput = false;
@@ -655,10 +656,10 @@ ResidentKernel kernel_of(prnn_cell_t cell, prnn_activation_t activation, prnn_dt
 #define PRNN_RESIDENT_KERNELS(E)                                                                       \
   switch (cell) {                                                                                      \
     case PRNN_CELL_ELMAN:                                                                              \
-      return activation == PRNN_ACT_RELU ? resident_kernel<ElmanCell<PRNN_ACT_RELU>, E>                \
-                                         : resident_kernel<ElmanCell<PRNN_ACT_TANH>, E>;               \
-    case PRNN_CELL_LSTM: return resident_kernel<GatedCell<LstmCell>, E>;                               \
-    case PRNN_CELL_GRU: return resident_kernel<GatedCell<GruCell>, E>;                                 \
+      return activation == PRNN_ACT_RELU ? resident_kernel<ResidentElman<PRNN_ACT_RELU>, E>            \
+                                         : resident_kernel<ResidentElman<PRNN_ACT_TANH>, E>;           \
+    case PRNN_CELL_LSTM: return resident_kernel<ResidentGated<LstmCell>, E>;                           \
+    case PRNN_CELL_GRU: return resident_kernel<ResidentGated<GruCell>, E>;                             \
   }                                                                                                    \
   return NULL;
   switch (dtype) {

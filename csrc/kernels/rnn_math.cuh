@@ -1,7 +1,7 @@
 /*
- * rnn_math.cuh - element conversions and the per-output arithmetic shared by
- * the persistent and the stepwise kernels, so both tiers compute the same
- * function.
+ * rnn_math.cuh - element conversions and rounding for every kernel, and what
+ * the Elman kernel families read besides: their params, their tensors and the
+ * sequences' lengths (the cell's arithmetic is cells.cuh's ElmanCell).
  */
 #ifndef PRNN_RNN_MATH_CUH
 #define PRNN_RNN_MATH_CUH
@@ -16,17 +16,22 @@
 namespace prnn {
 
 /* One pass of one layer, for every Elman kernel family; plain old data filled
- * by the entry point, then by the family's launcher for its own fields. Those
- * of different families share their place (an anonymous union), so that every
- * field keeps its offset in the kernels' parameter block. (A union around
- * xchg changed the code nvcc makes for one grid-tier shape.) */
+ * by the entry point, then by the family's launcher for its own part. The
+ * grid tier's and the cluster grid's parts share their place (an anonymous
+ * union), so that every field keeps its offset in the kernels' parameter
+ * block. (A union around the exchange pointer changed the code nvcc makes for
+ * one grid-tier shape.) */
 struct RecurrenceParams {
   int steps;              /* T */
   int batch;              /* B */
   int hidden;             /* H */
   union {
-    int hidden_padded;    /* grid tier: blockDim.x * KL >= H, the K extent a CTA covers */
-    int team_rows;        /* cluster grid: 160 G >= H, the rows its G clusters cover */
+    struct {
+      int hidden_padded;  /* blockDim.x * KL >= H, the K extent a CTA covers */
+    } grid;               /* grid tier (persistent.cuh) */
+    struct {
+      int team_rows;      /* 160 G >= H, the rows its G clusters cover */
+    } cluster_grid;       /* cluster grid (cluster_grid.cuh) */
   };
   int backward;           /* 0: forward pass, 1: backward-data pass */
   int activation;         /* prnn_activation_t */
@@ -41,10 +46,12 @@ struct RecurrenceParams {
   int64_t h0_stride_b;
   const int32_t *lengths; /* batch, or NULL */
   void *out;              /* steps x batch x hidden, contiguous: y or grad_xp */
-  unsigned long long *xchg; /* the grid-wide exchange, in the workspace: grid tier, 2 x batch x
-                               hidden_padded/PACK tagged words (zeroed); cluster grid, flags
-                               [8][16][8] u32 (zeroed), then [2][8][team_rows] fp32 */
-  int group_seqs;         /* cluster tier: sequences per cluster, 1..8 */
+  unsigned long long *exchange; /* the grid-wide exchange, in the workspace (zeroed), laid out by its
+                                   family: grid tier, 2 x batch x hidden_padded/PACK tagged words;
+                                   cluster grid, flags [8][16][8] u32, then [2][8][team_rows] fp32 */
+  struct {
+    int group_seqs;       /* sequences a cluster, 1..8 */
+  } cluster;              /* cluster tier, tensor-core kernel (cluster.cuh) */
 };
 
 /* Arithmetic type of an element type: float for every dtype but double. */
@@ -70,50 +77,6 @@ template <> struct Round<__nv_bfloat16> {
 template <> struct Round<__half> {
   static __device__ __forceinline__ __half to(float x) { return __float2half_rn(x); }
 };
-
-/* act(x). relu keeps NaN (like torch.relu): NaN < 0 is false. */
-template <typename A>
-__device__ __forceinline__ A activate(int activation, A x) {
-  if (activation == PRNN_ACT_RELU) return x < A(0) ? A(0) : x;
-  return tanh(x);
-}
-template <>
-__device__ __forceinline__ float activate<float>(int activation, float x) {
-  if (activation == PRNN_ACT_RELU) return x < 0.f ? 0.f : x;
-  return tanhf(x);
-}
-
-/* act'(x) written in terms of y = act(x). relu's is 0 where y <= 0 and 1
- * elsewhere, NaN included, as torch's relu backward passes the gradient. */
-template <typename A>
-__device__ __forceinline__ A activation_grad(int activation, A y) {
-  if (activation == PRNN_ACT_RELU) return y <= A(0) ? A(0) : A(1);
-  return A(1) - y * y;
-}
-
-/*
- * One output of one step.
- *   mat:    (A s_prev)[row] for this sequence, A = W_hh (forward) or W_hh^T (backward)
- *   in:     xp_t (forward) or grad_y_t (backward) at (b, row)
- *   y:      forward output at (t, b, row), backward only
- *   frozen: the previous state at (b, row), forward only (used past the length)
- * Returns the output element and sets *state to the carried state.
- */
-template <typename A>
-__device__ __forceinline__ A step_output(int backward, int activation, bool active,
-                                         A mat, A in, A y, A frozen, A *state) {
-  if (backward) {
-    const A delta = active ? activation_grad(activation, y) * (mat + in) : A(0);
-    *state = delta;
-    return delta;
-  }
-  if (active) {
-    *state = activate(activation, mat + in);
-    return *state;
-  }
-  *state = frozen;
-  return A(0);
-}
 
 /* The pass's tensors at their element type E (every kernel's first lines):
  * out, and in, y and h0 as RecurrenceParams documents them. */

@@ -1,13 +1,13 @@
 /*
  * stepwise.cu - the slow tier: one kernel launch per step, A re-read from
  * L2/HBM every step. It runs what the persistent kernels cannot hold on chip
- * (large hidden sizes, float64) with the same arithmetic (rnn_math.cuh).
+ * (large hidden sizes, float64) with the same arithmetic (cells.cuh).
  * Its kernels, its plan and its launch.
  */
 #include "cuda_status.cuh"
 #include "elman_family.cuh"
 #include "prnn_internal.h"
-#include "rnn_math.cuh"
+#include "cells.cuh"
 
 namespace prnn {
 
@@ -34,8 +34,9 @@ __global__ void copy_matrix_kernel(const E *src, int64_t stride_row, int64_t str
 }
 
 /* One step: a warp per output row, lanes split K, BT sequences at a time. */
-template <typename E>
+template <class Cell, typename E>
 __global__ void stepwise_rnn_kernel(const RecurrenceParams p, const E *a, E *state, int s) {
+  static_assert(Cell::kGates == 1, "an Elman family: one row of A an output");
   typedef typename AccumOf<E>::type A;
   const int BT = 4;
   const int lane = threadIdx.x & 31;
@@ -84,7 +85,7 @@ __global__ void stepwise_rnn_kernel(const RecurrenceParams p, const E *a, E *sta
       const A frozen = p.backward ? A(0)
                                   : to_accum(s == 0 ? h0[b * p.h0_stride_b + row] : prev[(size_t)b * H + row]);
       A st;
-      const A value = step_output(p.backward, p.activation, active, mat, in_v, y_v, frozen, &st);
+      const A value = Cell::step(p.backward, p.activation, active, mat, in_v, y_v, frozen, &st);
       out[((size_t)t * B + b) * H + row] = Round<E>::to(value);
       next[(size_t)b * H + row] = Round<E>::to(st);
     }
@@ -107,7 +108,7 @@ static cudaError_t run_stepwise(const RecurrenceParams &p, void *workspace, cuda
   const int rows_per_block = threads / 32;
   const int blocks = (p.hidden + rows_per_block - 1) / rows_per_block;
   for (int s = 0; s < p.steps; ++s) {
-    stepwise_rnn_kernel<E><<<blocks, threads, 0, stream>>>(p, a, state, s);
+    stepwise_rnn_kernel<ElmanCell, E><<<blocks, threads, 0, stream>>>(p, a, state, s);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
