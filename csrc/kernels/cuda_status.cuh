@@ -1,6 +1,7 @@
 /*
  * cuda_status.cuh - what every CUDA entry point's launcher reports alike: a
- * failed CUDA call as a status, and the workspace given against its plan.
+ * failed CUDA call as a status, a kernel the device refuses, and the
+ * workspace given against its plan.
  */
 #ifndef PRNN_CUDA_STATUS_CUH
 #define PRNN_CUDA_STATUS_CUH
@@ -16,6 +17,17 @@ namespace prnn {
 inline prnn_status_t cuda_fail(cudaError_t err, const char *what) {
   cudaGetLastError(); /* clear it, so it does not surface in an unrelated later call */
   return prnn_fail(PRNN_STATUS_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+/* Whether a failed query or attribute call on a kernel is the device refusing
+ * it as configured (no code it runs, shared memory or a cluster size past the
+ * part's): a planner may remember that its family does not run there. Any
+ * other error (an earlier kernel's sticky fault, out of memory) is reported,
+ * and remembering it would leave the family off for the rest of the process. */
+inline bool kernel_refused(cudaError_t err) {
+  return err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
+         err == cudaErrorUnsupportedPtxVersion || err == cudaErrorInvalidValue ||
+         err == cudaErrorInvalidClusterSize || err == cudaErrorNotSupported;
 }
 
 /* The workspace must hold `needed` bytes and, when any is needed, be aligned

@@ -613,7 +613,8 @@ prnn_status_t plan_gated(const prnn_problem_t *pb, bool backward, int device, pr
   /* the families in order of preference, each asked whether it takes the problem */
   GatedClusterLaunch cluster;
   GatedGridLaunch grid_family;
-  choose_gated_cluster(pb, backward, device, dev.clusters, &cluster);
+  st = choose_gated_cluster(pb, backward, device, dev.clusters, &cluster);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   memset(&grid_family, 0, sizeof grid_family);
   if (cluster.kernel == NULL)
     st = choose_gated_grid(pb, backward, device, dev.major, dev.sms, dev.cooperative != 0, &grid_family);

@@ -257,17 +257,17 @@ void kernel_of_cell(prnn_dtype_t dtype, bool backward, int k_tiles, const void *
 const int kMaxDevices = 64;
 int g_room[kMaxDevices][2][2][2][kMaxKTiles][kMaxCtas + 1];
 
-/* The room of a kernel, cached in g_room. A kernel the device cannot run
- * as compiled (a build without sm_90 code: the PTX of older architectures
- * only traps), or whose attributes or occupancy it refuses (a cluster size
- * the part does not take), has none: the family declines, and the next one
- * runs the problem. */
-int cluster_room(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn, int ctas,
-                 int smem) {
+/* The room of a kernel (*room, -1 for none), cached in g_room. A kernel the
+ * device cannot run as compiled (a build without sm_90 code: the PTX of
+ * older architectures only traps), or whose attributes or occupancy it
+ * refuses (a cluster size the part does not take), has none: the family
+ * declines, and the next one runs the problem. Other errors are returned. */
+prnn_status_t cluster_room(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn,
+                           int ctas, int smem, int *room) {
   int *known =
       &g_room[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][backward][k_tiles - 1][ctas];
-  int room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
-  if (room != 0) return room;
+  *room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (*room != 0) return PRNN_STATUS_SUCCESS;
   cudaFuncAttributes fa;
   cudaError_t err = cudaFuncGetAttributes(&fa, fn);
   if (err == cudaSuccess && (fa.binaryVersion < 90 || fa.ptxVersion < 90)) err = cudaErrorNoKernelImageForDevice;
@@ -279,21 +279,22 @@ int cluster_room(int device, const prnn_problem_t *pb, bool backward, int k_tile
     const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, smem, 0, &attr);
     err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
   }
+  if (err != cudaSuccess && !kernel_refused(err)) return cuda_fail(err, "planning the gated cluster kernel");
   if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
-  room = err == cudaSuccess && clusters >= 1 ? clusters : -1;
-  __atomic_store_n(known, room, __ATOMIC_RELEASE);
-  return room;
+  *room = err == cudaSuccess && clusters >= 1 ? clusters : -1;
+  __atomic_store_n(known, *room, __ATOMIC_RELEASE);
+  return PRNN_STATUS_SUCCESS;
 }
 
 }  // namespace
 
-void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, bool clusters,
-                          GatedClusterLaunch *l) {
+prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, bool clusters,
+                                   GatedClusterLaunch *l) {
   memset(l, 0, sizeof *l);
   const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
   if (!clusters || !half || pb->proj_size > 0 || pb->hidden > 128 * kMaxKTiles || device < 0 ||
       device >= kMaxDevices || prnn_cluster_tier_disabled())
-    return;
+    return PRNN_STATUS_SUCCESS;
   const int H = (int)pb->hidden, k_tiles = (H + 127) / 128, units = 8 * k_tiles;
   /* at least two CTAs: compute-sanitizer refuses st.async within a cluster of one */
   const int ctas = (H + units - 1) / units < 2 ? 2 : (H + units - 1) / units;
@@ -301,10 +302,12 @@ void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, b
   int smem = 0;
   if (pb->cell == PRNN_CELL_LSTM) kernel_of_cell<LstmCell>(pb->dtype, backward, k_tiles, &fn, &smem);
   else kernel_of_cell<GruCell>(pb->dtype, backward, k_tiles, &fn, &smem);
-  const int room = cluster_room(device, pb, backward, k_tiles, fn, ctas, smem);
+  int room;
+  const prnn_status_t st = cluster_room(device, pb, backward, k_tiles, fn, ctas, smem, &room);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   /* groups as small as the room allows: a step's exchange carries only a group's sequences */
   const int64_t most_groups = room < 1 ? 0 : room;
-  if ((pb->batch + kSeqs - 1) / kSeqs > most_groups) return;
+  if ((pb->batch + kSeqs - 1) / kSeqs > most_groups) return PRNN_STATUS_SUCCESS;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
   l->kernel = fn;
   l->ctas = ctas;
@@ -312,6 +315,7 @@ void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, b
   l->group_seqs = group;
   l->grid = ctas * (int)((pb->batch + group - 1) / group);
   l->smem_bytes = smem;
+  return PRNN_STATUS_SUCCESS;
 }
 
 prnn_status_t launch_gated_cluster(const GatedClusterLaunch &l, GatedParams p, cudaStream_t stream) {

@@ -25,7 +25,8 @@ struct GatedClusterLaunch {
 /* Whether the family takes a checked problem's pass on `device` (the
  * current one; `clusters`: compute capability 9.0 or later with cluster
  * launches), and how. */
-void choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, bool clusters, GatedClusterLaunch *l);
+prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, bool clusters,
+                                   GatedClusterLaunch *l);
 prnn_status_t launch_gated_cluster(const GatedClusterLaunch &l, GatedParams p, cudaStream_t stream);
 
 }  // namespace prnn

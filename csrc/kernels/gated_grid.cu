@@ -284,24 +284,27 @@ void kernel_of_cell(prnn_dtype_t dtype, bool backward, int k_tiles, const void *
 
 /* CTAs of a kernel each multiprocessor holds at once, cached per device,
  * cell, dtype, pass and KT (0: not asked yet; -1: none: a build without code
- * the device runs, or attributes it refuses: shared memory past the part's). */
+ * the device runs, or attributes it refuses: shared memory past the part's;
+ * other errors are returned, not cached). */
 const int kMaxDevices = 64;
 int g_per_sm[kMaxDevices][2][2][2][kMaxKTiles];
 
-int ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn, int smem) {
+prnn_status_t ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn, int smem,
+                          int *per_sm) {
   int *known = &g_per_sm[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][backward][k_tiles - 1];
-  int per_sm = __atomic_load_n(known, __ATOMIC_ACQUIRE);
-  if (per_sm != 0) return per_sm;
+  *per_sm = __atomic_load_n(known, __ATOMIC_ACQUIRE);
+  if (*per_sm != 0) return PRNN_STATUS_SUCCESS;
   cudaFuncAttributes fa;
   cudaError_t err = cudaFuncGetAttributes(&fa, fn);
   if (err == cudaSuccess && (fa.binaryVersion < 80 || fa.ptxVersion < 80)) err = cudaErrorNoKernelImageForDevice;
   if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int blocks = 0;
   if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kMmaThreads, smem);
+  if (err != cudaSuccess && !kernel_refused(err)) return cuda_fail(err, "planning the gated grid kernel");
   if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
-  per_sm = err == cudaSuccess && blocks >= 1 ? blocks : -1;
-  __atomic_store_n(known, per_sm, __ATOMIC_RELEASE);
-  return per_sm;
+  *per_sm = err == cudaSuccess && blocks >= 1 ? blocks : -1;
+  __atomic_store_n(known, *per_sm, __ATOMIC_RELEASE);
+  return PRNN_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -319,7 +322,9 @@ prnn_status_t choose_gated_grid(const prnn_problem_t *pb, bool backward, int dev
   int smem = 0;
   if (pb->cell == PRNN_CELL_LSTM) kernel_of_cell<LstmCell>(pb->dtype, backward, k_tiles, &fn, &smem);
   else kernel_of_cell<GruCell>(pb->dtype, backward, k_tiles, &fn, &smem);
-  const int per_sm = ctas_per_sm(device, pb, backward, k_tiles, fn, smem);
+  int per_sm;
+  const prnn_status_t st = ctas_per_sm(device, pb, backward, k_tiles, fn, smem, &per_sm);
+  if (st != PRNN_STATUS_SUCCESS) return st;
   /* every CTA resident at once (a cooperative launch); groups as small as that allows */
   const int64_t most_groups = per_sm < 1 ? 0 : (int64_t)per_sm * sms / ctas;
   if (most_groups < 1 || (pb->batch + kMmaSeqs - 1) / kMmaSeqs > most_groups) return PRNN_STATUS_SUCCESS;
