@@ -38,8 +38,9 @@ FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__
          "-gencode=arch=compute_90,code=sm_90"]
 ARCH = re.compile(r"code for (sm_\d+)|^Fatbin")  # a function's SASS ends at either
 FUNCTION = re.compile(r"^\s*Function : (\S+)")
-# Anonymous namespaces are mangled with a hash of the file's path.
-ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f_]+")
+# Anonymous namespaces are mangled with hashes, which differ between the
+# base's build of a file and the working tree's: _GLOBAL__N__9a3e38b3_8_gated_cu_687fd075.
+ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_[0-9a-f]{8}(?=\d)|_GLOBAL__N__[0-9a-f_]+")
 
 
 def cuobjdump():
