@@ -42,7 +42,7 @@ int g_room[kMaxDevices][cluster_grid_config_count];
  * run that much slower. */
 prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
   const prnn_problem_t *pb = request.problem;
-  const DeviceInfo &dev = request.dev;
+  const ElmanDevice &dev = request.dev;
   if (!dev.cluster || !dev.cooperative || dev.major != 9 || pb->batch < kClusterGridMinBatch ||
       pb->hidden < kClusterGridMinHidden)
     return PRNN_STATUS_SUCCESS;

@@ -67,7 +67,7 @@ bool projection_keeps_up(const prnn_problem_t *pb, int64_t input, int producer_c
 prnn_status_t plan_cluster_tier(const ElmanRequest &request, const ClusterCandidate &cand, ElmanPlan *plan,
                                 bool *taken) {
   const prnn_problem_t *pb = request.problem;
-  const DeviceInfo &dev = request.dev;
+  const ElmanDevice &dev = request.dev;
   const int64_t input = request.input;
   const int ctas = cluster_ctas(pb->hidden, cand.rows);
   if (ctas > kClusterMaxCtas || cand.smem_bytes > dev.smem_optin) return PRNN_STATUS_SUCCESS;

@@ -1,8 +1,9 @@
 /*
- * cuda_api.cu - the CUDA half of prnn.h: what planning knows of each device,
- * the Elman planner (an ordered list of kernel families, each of which plans
- * and launches in the file of its kernels: elman_family.cuh), and the entry
- * points: plan queries, forward and backward-data.
+ * cuda_api.cu - the CUDA half of prnn.h: what planning knows of each device
+ * (device_info.cuh), the Elman planner (an ordered list of kernel families,
+ * each of which plans and launches in the file of its kernels:
+ * elman_family.cuh), and the entry points: plan queries, forward and
+ * backward-data.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,20 +19,24 @@ namespace {
 
 /* Filled once per device: the fields first, then `ready` with a release store
  * (read with acquire), so a reader that sees ready sees the fields; a racing
- * fill writes the same values. */
+ * fill writes the same values. g_elman_devices alike, by knobs_ready. */
 DeviceInfo g_devices[kMaxDevices];
+ElmanDevice g_elman_devices[kMaxDevices];
 
-/* PRNN_FUSED_PROJECTION (read when a device is first queried): "0" never
- * fuses a layer's input projection into the recurrence's launch, "1" fuses it
- * wherever a kernel can, even where the producers would not keep ahead (to
- * measure that); unset or anything else, the planner's rule. */
+/* PRNN_FUSED_PROJECTION (read when the Elman planner first plans on a
+ * device): "0" never fuses a layer's input projection into the recurrence's
+ * launch, "1" fuses it wherever a kernel can, even where the producers would
+ * not keep ahead (to measure that); unset or anything else, the planner's rule. */
 int fused_projection_override() {
   const char *v = getenv("PRNN_FUSED_PROJECTION");
   if (v == NULL) return 0;
   return strcmp(v, "0") == 0 ? -1 : strcmp(v, "1") == 0 ? 1 : 0;
 }
 
-prnn_status_t device_info(int device, DeviceInfo *info) {
+}  // namespace
+
+/* Every planner's (device_info.cuh). */
+prnn_status_t prnn::device_info(int device, DeviceInfo *info) {
   if (device < 0 || device >= kMaxDevices)
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d out of range [0, %d)", device, kMaxDevices);
   DeviceInfo *d = &g_devices[device];
@@ -42,16 +47,34 @@ prnn_status_t device_info(int device, DeviceInfo *info) {
       err = cudaDeviceGetAttribute(&fresh.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&fresh.cooperative, cudaDevAttrCooperativeLaunch, device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.cluster, cudaDevAttrClusterLaunch, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.cluster_launch, cudaDevAttrClusterLaunch, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.major, cudaDevAttrComputeCapabilityMajor, device);
     if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
     d->sms = fresh.sms;
     d->smem_optin = fresh.smem_optin;
     d->cooperative = fresh.cooperative;
+    d->cluster_launch = fresh.cluster_launch;
     d->major = fresh.major;
-    d->cluster = fresh.cluster && !prnn_cluster_tier_disabled();
-    d->fuse_projection = fused_projection_override();
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
+  }
+  *info = *d;
+  return PRNN_STATUS_SUCCESS;
+}
+
+namespace {
+
+/* The device with the Elman planner's knobs, read at its first plan there
+ * (the gated planner reads its own at each plan). */
+prnn_status_t elman_device(int device, ElmanDevice *info) {
+  DeviceInfo attributes;
+  const prnn_status_t st = device_info(device, &attributes); /* checks the index too */
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  ElmanDevice *d = &g_elman_devices[device];
+  if (!__atomic_load_n(&d->knobs_ready, __ATOMIC_ACQUIRE)) {
+    static_cast<DeviceInfo &>(*d) = attributes;
+    d->cluster = attributes.cluster_launch && !prnn_cluster_tier_disabled();
+    d->fuse_projection = fused_projection_override();
+    __atomic_store_n(&d->knobs_ready, 1, __ATOMIC_RELEASE);
   }
   *info = *d;
   return PRNN_STATUS_SUCCESS;
@@ -78,7 +101,7 @@ prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPla
                      "steps, batch and hidden must be < 2^31, got steps=%lld batch=%lld hidden=%lld",
                      (long long)pb->steps, (long long)pb->batch, (long long)pb->hidden);
   ElmanRequest request = {pb, input, device, {}};
-  st = device_info(device, &request.dev);
+  st = elman_device(device, &request.dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
   for (const ElmanFamily *family : kElmanFamilies) {
     if (input > 0 && !family->fuses_projection) continue;

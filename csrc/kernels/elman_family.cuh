@@ -10,23 +10,18 @@
 
 #include <cuda_runtime.h>
 
+#include "device_info.cuh"
 #include "prnn.h"
 #include "projection.cuh"
 #include "rnn_math.cuh"
 
 namespace prnn {
 
-/* Devices the planning caches have room for. */
-const int kMaxDevices = 64;
-
-/* What planning needs to know of a device, queried once per device (cuda_api.cu). */
-struct DeviceInfo {
-  int ready;
-  int sms;                 /* multiprocessors */
-  int smem_optin;          /* most dynamic shared memory a block may opt into */
-  int cooperative;         /* cooperative launches supported */
-  int cluster;             /* thread-block cluster launches supported (sm_90+) */
-  int major;               /* compute capability major */
+/* A device as the Elman planner sees it: its attributes and the planner's
+ * knobs, read once a process, at its first plan on the device. */
+struct ElmanDevice : DeviceInfo {
+  int knobs_ready;
+  int cluster;             /* cluster launches, and PRNN_DISABLE_CLUSTER_TIER unset, empty or "0" */
   int fuse_projection;     /* PRNN_FUSED_PROJECTION: -1 never, 0 where the planner's rule says, 1 wherever a kernel can */
 };
 
@@ -35,7 +30,7 @@ struct ElmanRequest {
   const prnn_problem_t *problem;
   int64_t input;           /* the whole layer with its input projection fused (I > 0), or the recurrence alone (0) */
   int device;              /* the current device: its index into the families' caches */
-  DeviceInfo dev;
+  ElmanDevice dev;
 };
 
 struct ElmanFamily;

@@ -1,8 +1,8 @@
 /*
  * gated.cu - the gated cells (LSTM, GRU) on CUDA: the planner, an ordered
- * list of families each asked whether it takes a problem (the cluster family,
- * gated_cluster.cu; the grid family, gated_grid.cu; then the two here), and
- * two families templated on the cell policy (cells.cuh):
+ * list of families each asked whether it takes a problem (gated_family.cuh:
+ * the cluster family, gated_cluster.cu; the grid family, gated_grid.cu; then
+ * the two here), and two families templated on the cell policy (cells.cuh):
  *
  *   persistent: one cooperative launch runs every step. CTA c owns U hidden
  *     units and keeps the W_hh rows of all their gates (forward) or the
@@ -25,8 +25,7 @@
 #include "cells.cuh"
 #include "cuda_status.cuh"
 #include "gated.cuh"
-#include "gated_cluster.cuh"
-#include "gated_grid.cuh"
+#include "gated_family.cuh"
 #include "gated_unit.cuh"
 #include "prnn_internal.h"
 
@@ -504,23 +503,6 @@ __global__ void backward_cell_kernel(const GatedParams p, int t, StepwiseBuffers
 
 /* ------------------------------------------------------------ planning */
 
-struct GatedDevice {
-  int sms, smem_optin, cooperative, major;
-  bool clusters; /* compute capability 9.0 or later, with cluster launches */
-};
-
-prnn_status_t gated_device(int device, GatedDevice *d) {
-  cudaError_t err = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->cooperative, cudaDevAttrCooperativeLaunch, device);
-  int cluster = 0;
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d->major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, device);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaDeviceGetAttribute");
-  d->clusters = d->major >= 9 && cluster != 0;
-  return PRNN_STATUS_SUCCESS;
-}
-
 /* The persistent kernel of a cell, dtype and pass (NULL for float64). */
 const void *persistent_kernel(prnn_cell_t cell, prnn_dtype_t dtype, bool backward) {
 #define PRNN_GATED_KERNEL(Cell, E) \
@@ -536,25 +518,19 @@ const void *persistent_kernel(prnn_cell_t cell, prnn_dtype_t dtype, bool backwar
 #undef PRNN_GATED_KERNEL
 }
 
-/* A persistent launch: its kernel and shape (kernel NULL: the stepwise family
- * runs), unless the cluster or grid family takes the problem (cluster.kernel,
- * grid_family.kernel). */
-struct GatedLaunch {
-  GatedClusterLaunch cluster;
-  GatedGridLaunch grid_family;
-  const void *kernel;
-  int grid, units, k_padded, batch_tile, rows, smem_bytes;
-  size_t workspace_bytes;
-};
-
 size_t persistent_smem(const prnn_problem_t *pb, bool backward, int units, int Kp, int tile) {
   const int G = prnn_cell_gates(pb->cell), rows = backward ? units : G * units;
   const size_t floats = (size_t)tile * Kp + (size_t)rows * tile + (size_t)(backward ? 3 : 1) * units * pb->batch;
   return matrix_bytes(rows, Kp, prnn_dtype_size(pb->dtype)) + floats * sizeof(float);
 }
 
-prnn_status_t choose_persistent(const prnn_problem_t *pb, bool backward, const GatedDevice &dev, GatedLaunch *l) {
-  memset(l, 0, sizeof *l);
+/* Whether the persistent family takes the request: any dtype but float64,
+ * no projection, cooperative launches, the rows of a CTA's units and a tile
+ * of at least one sequence in shared memory, every CTA resident at once. */
+prnn_status_t take_persistent(const GatedRequest &request, GatedPlan *plan, bool *taken) {
+  const prnn_problem_t *pb = request.problem;
+  const bool backward = request.backward;
+  const DeviceInfo &dev = request.dev;
   const void *fn = persistent_kernel(pb->cell, pb->dtype, backward);
   if (fn == NULL || pb->proj_size > 0 || !dev.cooperative) return PRNN_STATUS_SUCCESS;
   const int H = (int)pb->hidden, G = prnn_cell_gates(pb->cell);
@@ -574,14 +550,17 @@ prnn_status_t choose_persistent(const prnn_problem_t *pb, bool backward, const G
   if (err != cudaSuccess) return cuda_fail(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   const int grid = (H + units - 1) / units;
   if (per_sm < 1 || grid > per_sm * dev.sms) return PRNN_STATUS_SUCCESS;
-  l->kernel = fn;
-  l->grid = grid;
-  l->units = units;
-  l->k_padded = Kp;
-  l->batch_tile = tile;
-  l->rows = backward ? units : G * units;
-  l->smem_bytes = (int)smem;
-  l->workspace_bytes = 2 * (size_t)pb->batch * Kp * sizeof(float);
+  plan->summary.tier = PRNN_TIER_PERSISTENT_SHARED;
+  plan->summary.workspace_bytes = 2 * (size_t)pb->batch * Kp * sizeof(float);
+  plan->summary.grid = grid;
+  plan->summary.block = kThreads;
+  plan->summary.rows_per_cta = backward ? units : G * units;
+  plan->summary.smem_bytes = (int)smem;
+  plan->kernel = fn;
+  plan->persistent.units = units;
+  plan->persistent.k_padded = Kp;
+  plan->persistent.batch_tile = tile;
+  *taken = true;
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -603,58 +582,18 @@ size_t stepwise_bytes(const prnn_problem_t *pb, bool backward) {
   }
 }
 
-prnn_status_t plan_gated(const prnn_problem_t *pb, bool backward, int device, prnn_plan_t *out, GatedLaunch *l) {
-  memset(out, 0, sizeof *out);
-  if (pb->steps > 0x7fffffff || pb->batch > 0x7fffffff || pb->hidden > 0x7fffffff || pb->proj_size > 0x7fffffff)
-    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "steps, batch, hidden and proj_size must be < 2^31");
-  GatedDevice dev;
-  prnn_status_t st = gated_device(device, &dev);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  /* the families in order of preference, each asked whether it takes the problem */
-  GatedClusterLaunch cluster;
-  GatedGridLaunch grid_family;
-  st = choose_gated_cluster(pb, backward, device, dev.clusters, &cluster);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  memset(&grid_family, 0, sizeof grid_family);
-  if (cluster.kernel == NULL)
-    st = choose_gated_grid(pb, backward, device, dev.major, dev.sms, dev.cooperative != 0, &grid_family);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  if (cluster.kernel == NULL && grid_family.kernel == NULL) st = choose_persistent(pb, backward, dev, l);
-  else memset(l, 0, sizeof *l);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  l->cluster = cluster;
-  l->grid_family = grid_family;
-  out->block = kThreads;
-  if (cluster.kernel != NULL) {
-    out->tier = PRNN_TIER_PERSISTENT_CLUSTER;
-    out->grid = cluster.grid;
-    out->rows_per_cta = cluster.rows;
-    out->smem_bytes = cluster.smem_bytes;
-    return PRNN_STATUS_SUCCESS;
-  }
-  if (grid_family.kernel != NULL) {
-    out->tier = PRNN_TIER_PERSISTENT_REGISTERS;
-    out->workspace_bytes = grid_family.workspace_bytes;
-    out->grid = grid_family.grid;
-    out->rows_per_cta = grid_family.rows;
-    out->smem_bytes = grid_family.smem_bytes;
-    return PRNN_STATUS_SUCCESS;
-  }
-  if (l->kernel != NULL) {
-    out->tier = PRNN_TIER_PERSISTENT_SHARED;
-    out->workspace_bytes = l->workspace_bytes;
-    out->grid = l->grid;
-    out->rows_per_cta = l->rows;
-    out->smem_bytes = l->smem_bytes;
-    return PRNN_STATUS_SUCCESS;
-  }
+/* The stepwise family, the last: it takes every problem whose B x G x H fits in 32 bits. */
+prnn_status_t take_stepwise(const GatedRequest &request, GatedPlan *plan, bool *taken) {
+  const prnn_problem_t *pb = request.problem;
   const int G = prnn_cell_gates(pb->cell);
   if ((int64_t)G * pb->hidden * pb->batch > 0x7fffffff)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "batch x %d x hidden must be < 2^31 for the stepwise tier", G);
-  out->tier = PRNN_TIER_STEPWISE;
-  out->workspace_bytes = stepwise_bytes(pb, backward);
-  out->grid = (int)((G * pb->hidden + 7) / 8);
-  out->rows_per_cta = 8;
+  plan->summary.tier = PRNN_TIER_STEPWISE;
+  plan->summary.workspace_bytes = stepwise_bytes(pb, request.backward);
+  plan->summary.grid = (int)((G * pb->hidden + 7) / 8);
+  plan->summary.block = kThreads;
+  plan->summary.rows_per_cta = 8;
+  *taken = true;
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -762,33 +701,76 @@ prnn_status_t run_stepwise_cell(const prnn_problem_t *pb, bool backward, const G
   return prnn_fail(PRNN_STATUS_BAD_PARAM, "invalid dtype %d", (int)pb->dtype);
 }
 
-/* Plan, check the workspace, launch the chosen family. */
-prnn_status_t run_gated(const prnn_problem_t *pb, bool backward, GatedParams p, void *workspace,
-                        size_t workspace_bytes, cudaStream_t stream) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
-  prnn_plan_t pl;
-  GatedLaunch l;
-  prnn_status_t st = plan_gated(pb, backward, device, &pl, &l);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  st = check_workspace(workspace, workspace_bytes, pl.workspace_bytes);
-  if (st != PRNN_STATUS_SUCCESS) return st;
-  if (l.cluster.kernel != NULL) return launch_gated_cluster(l.cluster, p, stream);
-  if (l.grid_family.kernel != NULL) return launch_gated_grid(l.grid_family, p, workspace, stream);
-  if (l.kernel == NULL)
-    return pb->cell == PRNN_CELL_LSTM ? run_stepwise_cell<LstmCell>(pb, backward, p, workspace, stream)
-                                      : run_stepwise_cell<GruCell>(pb, backward, p, workspace, stream);
-  p.persistent.units_per_cta = l.units;
-  p.persistent.k_padded = l.k_padded;
-  p.persistent.batch_tile = l.batch_tile;
+prnn_status_t launch_stepwise(const GatedPlan &, const prnn_problem_t *pb, bool backward, GatedParams p,
+                              void *workspace, cudaStream_t stream) {
+  return pb->cell == PRNN_CELL_LSTM ? run_stepwise_cell<LstmCell>(pb, backward, p, workspace, stream)
+                                    : run_stepwise_cell<GruCell>(pb, backward, p, workspace, stream);
+}
+
+/* Zero the exchange (its padding columns read as zero), then one cooperative launch. */
+prnn_status_t launch_persistent(const GatedPlan &plan, const prnn_problem_t *, bool, GatedParams p, void *workspace,
+                                cudaStream_t stream) {
+  p.persistent.units_per_cta = plan.persistent.units;
+  p.persistent.k_padded = plan.persistent.k_padded;
+  p.persistent.batch_tile = plan.persistent.batch_tile;
   p.persistent.xchg = static_cast<float *>(workspace);
-  err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, stream); /* the padding columns read as zero */
+  const prnn_plan_t &s = plan.summary;
+  cudaError_t err = cudaMemsetAsync(workspace, 0, s.workspace_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&p};
-  err = cudaLaunchCooperativeKernel(l.kernel, dim3(l.grid), dim3(kThreads), args, (size_t)l.smem_bytes, stream);
+  err = cudaLaunchCooperativeKernel(plan.kernel, dim3(s.grid), dim3(kThreads), args, (size_t)s.smem_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(gated persistent kernel)");
   return PRNN_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+extern const GatedFamily gated_persistent_family = {take_persistent, launch_persistent};
+extern const GatedFamily gated_stepwise_family = {take_stepwise, launch_stepwise};
+
+namespace {
+
+/* The gated families, asked in this order; the first that takes a problem
+ * runs it: one cluster per group of sequences (16-bit, H <= 512, sm_90+),
+ * the cooperative grid (16-bit, H <= 1024, sm_80+), the persistent family
+ * (W_hh in shared memory), then a few launches a step. */
+const GatedFamily *const kGatedFamilies[] = {&gated_cluster_family, &gated_grid_family, &gated_persistent_family,
+                                             &gated_stepwise_family};
+
+/* How a pass of a checked problem runs on `device` (the current device). */
+prnn_status_t plan(const prnn_problem_t *pb, bool backward, int device, GatedPlan *out) {
+  memset(out, 0, sizeof *out);
+  if (pb->steps > 0x7fffffff || pb->batch > 0x7fffffff || pb->hidden > 0x7fffffff || pb->proj_size > 0x7fffffff)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "steps, batch, hidden and proj_size must be < 2^31");
+  GatedRequest request = {pb, backward, device, {}};
+  prnn_status_t st = device_info(device, &request.dev);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  for (const GatedFamily *family : kGatedFamilies) {
+    GatedPlan answer = {};
+    bool taken = false;
+    st = family->take(request, &answer, &taken);
+    if (st != PRNN_STATUS_SUCCESS) return st;
+    if (taken) {
+      answer.family = family;
+      *out = answer;
+      return PRNN_STATUS_SUCCESS;
+    }
+  }
+  return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel runs this problem"); /* the stepwise family takes or fails */
+}
+
+/* Plan, check the workspace, launch the chosen family. */
+prnn_status_t run_gated(const prnn_problem_t *pb, bool backward, const GatedParams &p, void *workspace,
+                        size_t workspace_bytes, cudaStream_t stream) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
+  GatedPlan pl;
+  prnn_status_t st = plan(pb, backward, device, &pl);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  st = check_workspace(workspace, workspace_bytes, pl.summary.workspace_bytes);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  return pl.family->launch(pl, pb, backward, p, workspace, stream);
 }
 
 GatedParams params_of(const prnn_problem_t *pb) {
@@ -803,9 +785,11 @@ GatedParams params_of(const prnn_problem_t *pb) {
 
 }  // namespace
 
-prnn_status_t gated_plan(const prnn_problem_t *problem, prnn_pass_t pass, int device, prnn_plan_t *plan) {
-  GatedLaunch l;
-  return plan_gated(problem, pass == PRNN_PASS_BACKWARD_DATA, device, plan, &l);
+prnn_status_t gated_plan(const prnn_problem_t *problem, prnn_pass_t pass, int device, prnn_plan_t *out) {
+  GatedPlan pl;
+  const prnn_status_t st = plan(problem, pass == PRNN_PASS_BACKWARD_DATA, device, &pl);
+  *out = pl.summary;
+  return st;
 }
 
 }  // namespace prnn

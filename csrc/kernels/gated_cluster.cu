@@ -2,8 +2,9 @@
  * gated_cluster.cu - the gated cells (LSTM, GRU) on one thread-block cluster
  * per group of up to 8 sequences, the recurrent weights in the register files
  * as tensor-core fragments for the whole sequence: forward and backward
- * data, 16-bit dtypes, sm_90 and later, H up to 512, no projection (gated.cu's
- * persistent and stepwise families take the rest).
+ * data, 16-bit dtypes, sm_90 and later, H up to 512, no projection (the grid
+ * family, gated_grid.cu, and gated.cu's persistent and stepwise families take
+ * the rest).
  *
  * The cell is a policy (cells.cuh) and so are the unit's memory accesses
  * (gated_unit.cuh). CTA c of a cluster owns the U = 8 KT hidden units
@@ -18,12 +19,10 @@
  * state slot), at the element width: h as the persistent family and
  * nn.LSTM / nn.GRU round it each step, gate gradients as grad_hh is written.
  */
-#include <string.h>
-
 #include "cuda_status.cuh"
 #include "dsmem.cuh"
 #include "exchange.cuh"
-#include "gated_cluster.cuh"
+#include "gated_family.cuh"
 #include "gated_mma.cuh"
 
 namespace prnn {
@@ -254,7 +253,6 @@ void kernel_of_cell(prnn_dtype_t dtype, bool backward, int k_tiles, const void *
 
 /* Clusters of a kernel the device holds at once, cached per device, cell,
  * dtype, pass, KT and cluster size (0: not asked yet; -1: none). */
-const int kMaxDevices = 64;
 int g_room[kMaxDevices][2][2][2][kMaxKTiles][kMaxCtas + 1];
 
 /* The room of a kernel (*room, -1 for none), cached in g_room. A kernel the
@@ -286,14 +284,17 @@ prnn_status_t cluster_room(int device, const prnn_problem_t *pb, bool backward, 
   return PRNN_STATUS_SUCCESS;
 }
 
-}  // namespace
-
-prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int device, bool clusters,
-                                   GatedClusterLaunch *l) {
-  memset(l, 0, sizeof *l);
+/* Whether the family takes the request: 16 bits, no projection, H up to
+ * 128 kMaxKTiles, on compute capability 9.0 or later with cluster launches
+ * and the cluster tier not disabled, and the batch's groups of at most 8
+ * sequences all resident at once. */
+prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
+  const prnn_problem_t *pb = request.problem;
+  const bool backward = request.backward;
+  const int device = request.device;
   const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (!clusters || !half || pb->proj_size > 0 || pb->hidden > 128 * kMaxKTiles || device < 0 ||
-      device >= kMaxDevices || prnn_cluster_tier_disabled())
+  if (!request.dev.cluster_launch || request.dev.major < 9 || !half || pb->proj_size > 0 ||
+      pb->hidden > 128 * kMaxKTiles || device < 0 || device >= kMaxDevices || prnn_cluster_tier_disabled())
     return PRNN_STATUS_SUCCESS;
   const int H = (int)pb->hidden, k_tiles = (H + 127) / 128, units = 8 * k_tiles;
   /* at least two CTAs: compute-sanitizer refuses st.async within a cluster of one */
@@ -309,23 +310,32 @@ prnn_status_t choose_gated_cluster(const prnn_problem_t *pb, bool backward, int 
   const int64_t most_groups = room < 1 ? 0 : room;
   if ((pb->batch + kSeqs - 1) / kSeqs > most_groups) return PRNN_STATUS_SUCCESS;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
-  l->kernel = fn;
-  l->ctas = ctas;
-  l->rows = backward ? units : prnn_cell_gates(pb->cell) * units; /* of W_hh, or of W_hh^T backward */
-  l->group_seqs = group;
-  l->grid = ctas * (int)((pb->batch + group - 1) / group);
-  l->smem_bytes = smem;
+  plan->summary.tier = PRNN_TIER_PERSISTENT_CLUSTER;
+  plan->summary.grid = ctas * (int)((pb->batch + group - 1) / group);
+  plan->summary.block = kClusterThreads;
+  plan->summary.rows_per_cta = backward ? units : prnn_cell_gates(pb->cell) * units; /* of W_hh, or of W_hh^T */
+  plan->summary.smem_bytes = smem;
+  plan->kernel = fn;
+  plan->group.ctas = ctas;
+  plan->group.seqs = group;
+  *taken = true;
   return PRNN_STATUS_SUCCESS;
 }
 
-prnn_status_t launch_gated_cluster(const GatedClusterLaunch &l, GatedParams p, cudaStream_t stream) {
-  p.group.seqs = l.group_seqs;
+prnn_status_t launch(const GatedPlan &plan, const prnn_problem_t *, bool, GatedParams p, void *,
+                     cudaStream_t stream) {
+  p.group.seqs = plan.group.seqs;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(l.grid, l.ctas, l.smem_bytes, stream, &attr);
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(plan.summary.grid, plan.group.ctas, plan.summary.smem_bytes, stream, &attr);
   void *args[] = {&p};
-  const cudaError_t err = cudaLaunchKernelExC(&cfg, l.kernel, args);
+  const cudaError_t err = cudaLaunchKernelExC(&cfg, plan.kernel, args);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchKernelEx(gated cluster kernel)");
   return PRNN_STATUS_SUCCESS;
 }
+
+}  // namespace
+
+extern const GatedFamily gated_cluster_family = {take, launch};
 
 }  // namespace prnn

@@ -31,11 +31,9 @@
  * epilogue), and each of those was written after its writer had read all of
  * step t - 1.
  */
-#include <string.h>
-
 #include "cuda_status.cuh"
 #include "exchange.cuh"
-#include "gated_grid.cuh"
+#include "gated_family.cuh"
 #include "gated_mma.cuh"
 
 namespace prnn {
@@ -286,7 +284,6 @@ void kernel_of_cell(prnn_dtype_t dtype, bool backward, int k_tiles, const void *
  * cell, dtype, pass and KT (0: not asked yet; -1: none: a build without code
  * the device runs, or attributes it refuses: shared memory past the part's;
  * other errors are returned, not cached). */
-const int kMaxDevices = 64;
 int g_per_sm[kMaxDevices][2][2][2][kMaxKTiles];
 
 prnn_status_t ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, int k_tiles, const void *fn, int smem,
@@ -307,14 +304,16 @@ prnn_status_t ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, i
   return PRNN_STATUS_SUCCESS;
 }
 
-}  // namespace
-
-prnn_status_t choose_gated_grid(const prnn_problem_t *pb, bool backward, int device, int major, int sms,
-                                bool cooperative, GatedGridLaunch *l) {
-  memset(l, 0, sizeof *l);
+/* Whether the family takes the request: 16 bits, no projection, H up to
+ * 128 kMaxKTiles, compute capability 8.0 or later with cooperative launches,
+ * and every CTA of the batch's groups of at most 8 sequences resident at once. */
+prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
+  const prnn_problem_t *pb = request.problem;
+  const bool backward = request.backward;
+  const int device = request.device;
   const bool half = pb->dtype == PRNN_DTYPE_BFLOAT16 || pb->dtype == PRNN_DTYPE_FLOAT16;
-  if (!half || pb->proj_size > 0 || major < 8 || !cooperative || pb->hidden > 128 * kMaxKTiles || device < 0 ||
-      device >= kMaxDevices)
+  if (!half || pb->proj_size > 0 || request.dev.major < 8 || !request.dev.cooperative ||
+      pb->hidden > 128 * kMaxKTiles || device < 0 || device >= kMaxDevices)
     return PRNN_STATUS_SUCCESS;
   const int H = (int)pb->hidden, G = prnn_cell_gates(pb->cell), k_tiles = (H + 127) / 128;
   const int ctas = (H + kUnits - 1) / kUnits;
@@ -326,29 +325,40 @@ prnn_status_t choose_gated_grid(const prnn_problem_t *pb, bool backward, int dev
   const prnn_status_t st = ctas_per_sm(device, pb, backward, k_tiles, fn, smem, &per_sm);
   if (st != PRNN_STATUS_SUCCESS) return st;
   /* every CTA resident at once (a cooperative launch); groups as small as that allows */
-  const int64_t most_groups = per_sm < 1 ? 0 : (int64_t)per_sm * sms / ctas;
+  const int64_t most_groups = per_sm < 1 ? 0 : (int64_t)per_sm * request.dev.sms / ctas;
   if (most_groups < 1 || (pb->batch + kMmaSeqs - 1) / kMmaSeqs > most_groups) return PRNN_STATUS_SUCCESS;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
-  l->kernel = fn;
-  l->ctas = ctas;
-  l->rows = backward ? kUnits : G * kUnits; /* of W_hh, or of W_hh^T backward */
-  l->group_seqs = group;
-  l->grid = ctas * (int)((pb->batch + group - 1) / group);
-  l->smem_bytes = smem;
-  l->workspace_bytes = 2 * (size_t)pb->batch * words_per_seq(ctas, backward ? G : 1) * sizeof(unsigned long long);
+  plan->summary.tier = PRNN_TIER_PERSISTENT_REGISTERS;
+  plan->summary.workspace_bytes =
+      2 * (size_t)pb->batch * words_per_seq(ctas, backward ? G : 1) * sizeof(unsigned long long);
+  plan->summary.grid = ctas * (int)((pb->batch + group - 1) / group);
+  plan->summary.block = kMmaThreads;
+  plan->summary.rows_per_cta = backward ? kUnits : G * kUnits; /* of W_hh, or of W_hh^T backward */
+  plan->summary.smem_bytes = smem;
+  plan->kernel = fn;
+  plan->group.ctas = ctas;
+  plan->group.seqs = group;
+  *taken = true;
   return PRNN_STATUS_SUCCESS;
 }
 
-prnn_status_t launch_gated_grid(const GatedGridLaunch &l, GatedParams p, void *workspace, cudaStream_t stream) {
-  p.group.seqs = l.group_seqs;
+/* Zero the exchange words (tags start at zero: no word of an earlier call
+ * can match a step's tag), then one cooperative launch. */
+prnn_status_t launch(const GatedPlan &plan, const prnn_problem_t *, bool, GatedParams p, void *workspace,
+                     cudaStream_t stream) {
+  p.group.seqs = plan.group.seqs;
   p.group.words = static_cast<unsigned long long *>(workspace);
-  /* tags start at zero: no word of an earlier call can match a step's tag */
-  cudaError_t err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, stream);
+  const prnn_plan_t &s = plan.summary;
+  cudaError_t err = cudaMemsetAsync(workspace, 0, s.workspace_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&p};
-  err = cudaLaunchCooperativeKernel(l.kernel, dim3(l.grid), dim3(kMmaThreads), args, (size_t)l.smem_bytes, stream);
+  err = cudaLaunchCooperativeKernel(plan.kernel, dim3(s.grid), dim3(kMmaThreads), args, (size_t)s.smem_bytes, stream);
   if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(gated grid kernel)");
   return PRNN_STATUS_SUCCESS;
 }
+
+}  // namespace
+
+extern const GatedFamily gated_grid_family = {take, launch};
 
 }  // namespace prnn
