@@ -16,7 +16,7 @@ CUDA); the three callables alternate round by round, so a change of load on
 the machine hits all three. A tiny size (--hidden 8 --threads 1) leaves the
 host cost of Python, dispatch and argument handling nearly alone. The
 hand-over is forced for every batch and hidden size by widening
-_crossover's tables, so the modules still run the real torch_is_faster.
+_crossover's tables, so the modules still run the real torch_runs.
 """
 import argparse
 import os
@@ -54,7 +54,7 @@ def callables(cell, dtype, batch, hidden, steps, device):
     h = torch.randn(1, batch, hidden, device=device, dtype=dtype)
     hx = (h, torch.randn_like(h)) if cell == "lstm" else h
     grad_y = torch.randn(steps, batch, hidden, device=device, dtype=dtype)
-    assert _crossover.torch_is_faster(cell, dtype, device, batch, hidden, training=True)
+    assert _crossover.torch_runs(cell, dtype, device, batch, hidden, training=True)
     vf = getattr(torch._VF, vf_name)
 
     def bare(x, hx):

@@ -28,15 +28,15 @@ CELLS = {"rnn": (torch_prnn.PersistentRNN, nn.RNN), "lstm": (torch_prnn.Persiste
 def test_cuda_limits_are_a_batch_threshold(cell, dtype, training):
     # For each hidden size, ours up to some batch and torch from there on, never back.
     for hidden in (7, 256, 384, 385, 512, 768, 1024, 1025, 2048, 4096):
-        on_torch = [_crossover.torch_is_faster(cell, dtype, "cuda", b, hidden, training=training)
+        on_torch = [_crossover.torch_runs(cell, dtype, "cuda", b, hidden, training=training)
                     for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)]
         assert on_torch == sorted(on_torch), (hidden, on_torch)
-    assert not _crossover.torch_is_faster(cell, dtype, "cuda", 1, 256, training=training)
-    assert _crossover.torch_is_faster(cell, dtype, "cuda", 4096, 2048, training=training)
+    assert not _crossover.torch_runs(cell, dtype, "cuda", 1, 256, training=training)
+    assert _crossover.torch_runs(cell, dtype, "cuda", 4096, 2048, training=training)
 
 
 def test_limits_follow_the_measurements():
-    faster = _crossover.torch_is_faster
+    faster = _crossover.torch_runs
     assert not faster("lstm", torch.bfloat16, "cuda", 8, 256)
     assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
     assert not faster("lstm", torch.float32, "cuda", 16, 1024)
@@ -63,7 +63,7 @@ def test_gated_limits_follow_the_cluster_family(monkeypatch, clusters):
     """The 16-bit gated cells' limits where the cluster family runs (sm_90
     and later), forward and training, the persistent family's elsewhere."""
     monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: clusters)
-    faster = _crossover.torch_is_faster
+    faster = _crossover.torch_runs
     assert faster("lstm", torch.float16, "cuda", 8, 256) != clusters  # cuDNN's persistent kernel, or ours
     assert faster("lstm", torch.float16, "cuda", 8, 1024)
     assert faster("gru", torch.bfloat16, "cuda", 56, 512) != clusters

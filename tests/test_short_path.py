@@ -318,14 +318,30 @@ def test_hooks_autocast_and_function_modes(counted):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_other_calls_take_the_regular_path(cell, counted):
-    """Two directions, packed input, a weight computed by a parametrization."""
+    """Two directions, packed input."""
     x = torch.randn(3, 2, I)
     make(cell, bidirectional=True)(x)
     make(cell)(nn.utils.rnn.pack_padded_sequence(x, [3, 2]))
-    parametrized = make(cell)
-    nn.utils.parametrizations.weight_norm(parametrized, "weight_hh_l0")
-    parametrized(x)
     assert counted["n"] == 0
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_computed_weight_on_the_short_path(cell, counted):
+    """A weight computed by a parametrization reaches the short path through
+    _flat_weights, rebuilt at each call as nn's forward rebuilds it: the
+    same values and gradients (those of the parametrization's parameters
+    included) as the regular path, and as nn's module parametrized alike."""
+    module = make(cell, num_layers=2)
+    nn.utils.parametrizations.weight_norm(module, "weight_hh_l1")
+    x, hx = make_call(module, True, True, requires_grad=True)
+    short, regular = both_paths(module, x, hx, counted)
+    assert_identical(short, regular)
+    twin = nn_twin(cell, make(cell, num_layers=2))
+    nn.utils.parametrizations.weight_norm(twin, "weight_hh_l1")
+    twin.load_state_dict(module.state_dict())
+    expected = outputs_and_grads(twin, x, hx)
+    for i, (a, b) in enumerate(zip(short, expected)):
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5), i
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:`torch.jit.*deprecated:DeprecationWarning")

@@ -82,7 +82,7 @@ _CPU_TORCH_MIN_HIDDEN = 256
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
-# The cell of each nn.RNNBase mode, as torch_is_faster names it.
+# The cell of each nn.RNNBase mode, as torch_runs names it.
 CELL_OF_MODE = {"RNN_TANH": "rnn", "RNN_RELU": "rnn", "LSTM": "lstm", "GRU": "gru"}
 
 # The recurrence nn's forward of each mode calls (looked up once: torch._VF's
@@ -156,16 +156,23 @@ def _cluster_family_runs(index: int) -> bool:
     return knob in ("", "0") and torch.cuda.is_available() and torch.cuda.get_device_capability(index) >= (9, 0)
 
 
-def torch_is_faster(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
+def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
                     proj_size: int = 0, training: bool = False, device_index: int | None = None) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
-    device, batch and hidden size runs faster on torch's own recurrence;
-    training: the call's backward runs too. float64 always stays on ours
-    (the reference the tests use), as does every device but CUDA and the CPU.
-    device_index: the CUDA device (default: the current one)."""
+    device, batch and hidden size runs on torch's own recurrence: where that
+    is faster, and on the CPU under autocast; training: the call's backward
+    runs too. float64 always stays on ours (the reference the tests use), as
+    does every device but CUDA and the CPU. device_index: the CUDA device
+    (default: the current one)."""
     if not enabled or dtype == torch.float64:
         return False
     if device_type == "cpu":
+        # Under CPU autocast nn's recurrences mix the autocast dtype and
+        # float32 in their own ways (nn.GRU: 16-bit GEMMs, float32 state and
+        # results; nn.LSTM: 16-bit results on padded input, float32 on packed
+        # input or with proj_size): torch runs them, so the results are nn's.
+        if torch.is_autocast_enabled("cpu"):
+            return True
         return cell in _CPU_TORCH_CELLS and hidden >= _CPU_TORCH_MIN_HIDDEN
     if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False

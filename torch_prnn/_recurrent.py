@@ -9,6 +9,7 @@ hx holds them."""
 import math
 import numbers
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,72 @@ from . import _crossover, _short
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
 
-class PersistentRNNBase(nn.Module):
+class FlatWeights:
+    """nn.RNNBase's _flat_weights, kept as nn keeps it, for the modules to
+    mix in before nn.Module: the weights in _flat_weights_names' order, the
+    list forward reads, so that code assigning the list or an element of it
+    changes what forward uses as it does with nn's modules. Kept in step on
+    the assignment of a weight, after .to() and the like, in data-parallel
+    replicas and pickles, and rebuilt at forward where an attribute no longer
+    is the tensor it was taken from (torch.func.functional_call, a
+    parametrization, weight_norm)."""
+
+    def _init_flat_weights(self) -> None:
+        self._flat_weights = [getattr(self, name, None) for name in self._flat_weights_names]
+        self._flat_weight_refs = [None if w is None else weakref.ref(w) for w in self._flat_weights]
+
+    def _update_flat_weights(self) -> list:
+        """nn's _update_flat_weights, then the list. From _parameters where a
+        weight is one (getattr costs host time, ~1 us a weight), else getattr."""
+        params = self._parameters
+        flat = self._flat_weights
+        for name, listed, ref in zip(self._flat_weights_names, flat, self._flat_weight_refs):
+            weight = params.get(name)
+            if weight is None:
+                weight = getattr(self, name, None)
+            if weight is listed:  # as built (the common case): no need to ask the reference
+                continue
+            if weight is not None and ref is not None and ref() is not weight:
+                self._init_flat_weights()
+                return self._flat_weights
+        return flat
+
+    def __setattr__(self, name: str, value) -> None:
+        names = self.__dict__.get("_flat_weights_names")
+        if names is not None and name in names:
+            self._flat_weights[names.index(name)] = value
+        super().__setattr__(name, value)
+
+    def _apply(self, fn, recurse=True):
+        # Conversions may put new tensors in _parameters directly, not through __setattr__.
+        self._flat_weight_refs = []
+        module = super()._apply(fn, recurse)
+        self._init_flat_weights()
+        self.flatten_parameters()
+        return module
+
+    def _replicate_for_data_parallel(self):
+        # A replica's weights are set on the replica: its own lists, not the original's.
+        replica = super()._replicate_for_data_parallel()
+        replica._flat_weights = replica._flat_weights[:]
+        replica._flat_weights_names = replica._flat_weights_names[:]
+        return replica
+
+    def __getstate__(self):
+        self._update_flat_weights()
+        state = self.__dict__.copy()
+        state.pop("_flat_weight_refs", None)  # weak references do not pickle
+        return state
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_flat_weights" in state:
+            self._flat_weight_refs = [None if w is None else weakref.ref(w) for w in self._flat_weights]
+        else:  # pickled by a torch_prnn that computed the list
+            self._init_flat_weights()
+
+
+class PersistentRNNBase(FlatWeights, nn.Module):
     """Parameters, interface and input handling of torch.nn.RNNBase; the
     recurrence of each layer and direction is the subclass's ``_recurrence``:
     ``(xp [T,B,G*H], states [each B x size], w_hh, b_hh, w_hr, lengths) ->
@@ -32,9 +98,9 @@ class PersistentRNNBase(nn.Module):
     _input_dim_error = "RNN: Expected input to be 2D or 3D, got {}D tensor instead"
     __constants__ = ["_input_dim_error"]  # a class attribute: TorchScript sees it as a constant
 
-    # Not compiled by TorchScript (they read weights by name): the scripted
-    # forward reads _scripted_weights, set by __prepare_scriptable__.
-    __jit_unused_properties__ = ["all_weights", "_flat_weights"]
+    # Not compiled by TorchScript (it reads weights by name): the scripted
+    # forward reads _flat_weights, which nn's scripted modules read too.
+    __jit_unused_properties__ = ["all_weights"]
 
     def __init__(
         self,
@@ -128,6 +194,7 @@ class PersistentRNNBase(nn.Module):
                     names.append(name)
                 self._all_weights.append(names)
                 self._flat_weights_names.extend(names)
+        self._init_flat_weights()
         self.flatten_parameters()
         self.reset_parameters()
 
@@ -165,13 +232,7 @@ class PersistentRNNBase(nn.Module):
 
     @property
     def all_weights(self) -> list[list[nn.Parameter]]:
-        return [self._weights(index) for index in range(len(self._all_weights))]
-
-    @property
-    def _flat_weights(self) -> list[Tensor]:
-        # nn keeps a list in step with the parameters; computed here, it is
-        # always current (also under parametrizations and functional_call).
-        return [getattr(self, name) for name in self._flat_weights_names]
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
 
     def flatten_parameters(self) -> None:
         """As nn's: on CUDA, the parameters become views of one buffer in
@@ -180,11 +241,6 @@ class PersistentRNNBase(nn.Module):
         take each weight where it is. bfloat16 too, which nn's leaves as
         it is (_crossover.flatten_parameters)."""
         _crossover.flatten_parameters(self)
-
-    def _apply(self, fn, recurse=True):
-        module = super()._apply(fn, recurse)
-        self.flatten_parameters()
-        return module
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this first. TorchScript has no _parameters
@@ -197,7 +253,7 @@ class PersistentRNNBase(nn.Module):
                 f"or another parametrization), which TorchScript does not support (nor for nn.{self.mode}); "
                 "torch.compile and torch.export do"
             )
-        self._scripted_weights = self._flat_weights
+        self._init_flat_weights()
         return self
 
     def _torch_layers(self, x, batch_sizes, states, weights):
@@ -260,7 +316,7 @@ class PersistentRNNBase(nn.Module):
                     states = [state.unsqueeze(1) for state in states]
             self._check_input(input, expected_dim=3)
             x = input.transpose(0, 1) if self.batch_first else input  # steps x batch x features
-            lengths = None
+            lengths = rows = None
 
         steps, batch = x.shape[0], x.shape[1]
         num_directions = 2 if self.bidirectional else 1
@@ -279,8 +335,8 @@ class PersistentRNNBase(nn.Module):
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
         # Where torch's own recurrence is faster (large batches), nn's call runs.
-        weights = self._flat_weights
-        if _crossover.torch_is_faster(
+        weights = self._update_flat_weights()
+        if _crossover.torch_runs(
             _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
             training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index,
         ):
@@ -292,7 +348,7 @@ class PersistentRNNBase(nn.Module):
             layer_input = x
             for layer in range(self.num_layers):
                 if layer > 0 and self.dropout > 0 and self.training:
-                    layer_input = F.dropout(layer_input, self.dropout, training=True)
+                    layer_input = _layer_dropout(layer_input, self.dropout, rows)
                 outputs = []
                 for direction in range(num_directions):
                     index = layer * num_directions + direction
@@ -343,7 +399,7 @@ class PersistentRNNBase(nn.Module):
                 states = [state.unsqueeze(1) for state in states]
         self._check_input(input, expected_dim=3)
         x = input.transpose(0, 1) if self.batch_first else input
-        output, finals = self._script_layers(x, states, None, None)
+        output, finals = self._script_layers(x, states, None, None, None)
         if self.batch_first:
             output = output.transpose(0, 1)
         if not is_batched:
@@ -355,17 +411,19 @@ class PersistentRNNBase(nn.Module):
         data, batch_sizes, sorted_indices, unsorted_indices = input
         self._check_input(data, expected_dim=2)
         x, lengths, rows = _pad(data, batch_sizes)
-        output, finals = self._script_layers(x, states, lengths, sorted_indices)
+        output, finals = self._script_layers(x, states, lengths, rows, sorted_indices)
         output = output.flatten(0, 1).index_select(0, rows)
         if unsorted_indices is not None:
             finals = [state.index_select(1, unsorted_indices) for state in finals]
         return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), self._pack_hx(finals)
 
     def _script_layers(
-        self, x: Tensor, states: list[Tensor] | None, lengths: Tensor | None, sorted_indices: Tensor | None
+        self, x: Tensor, states: list[Tensor] | None, lengths: Tensor | None, rows: Tensor | None,
+        sorted_indices: Tensor | None
     ) -> tuple[Tensor, list[Tensor]]:
         """x [T,B,I] time-major and hx's states (batched, in the caller's
-        order) -> (output [T,B,D*S], the final states)."""
+        order) -> (output [T,B,D*S], the final states); packed input's
+        lengths and rows as _pad gives them."""
         steps, batch = x.shape[0], x.shape[1]
         num_directions = 2 if self.bidirectional else 1
         expected = [(self.num_layers * num_directions, batch, size) for size in self._state_sizes]
@@ -382,7 +440,7 @@ class PersistentRNNBase(nn.Module):
         layer_input = x
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0 and self.training:
-                layer_input = F.dropout(layer_input, self.dropout, training=True)
+                layer_input = _layer_dropout(layer_input, self.dropout, rows)
             outputs: list[Tensor] = []
             for direction in range(num_directions):
                 index = layer * num_directions + direction
@@ -416,18 +474,8 @@ class PersistentRNNBase(nn.Module):
     def _weights(self, index: int) -> list[Tensor]:
         """The parameters of one layer and direction, in nn's order:
         w_ih, w_hh, then b_ih, b_hh with bias, then w_hr with proj_size."""
-        if torch.jit.is_scripting():  # no _parameters there: __prepare_scriptable__'s list
-            n = len(self._all_weights[index])  # the same for every layer and direction
-            return self._scripted_weights[index * n : index * n + n]
-        # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
-        # host time the GPU waits for); getattr where weight_norm or a
-        # parametrization replaced a parameter with a computed attribute.
-        # (No `:=` here: TorchScript parses this branch too, and not that.)
-        params = self._parameters
-        return [
-            params[name] if name in params else getattr(self, name)
-            for name in self._all_weights[index]
-        ]
+        n = len(self._all_weights[index])  # the same for every layer and direction
+        return self._flat_weights[index * n : index * n + n]
 
     def _layer(
         self,
@@ -527,6 +575,18 @@ def _flip_index(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
     (padding stays in place)."""
     t = torch.arange(steps).unsqueeze(1)
     return torch.where(t < lengths, lengths - 1 - t, t).unsqueeze(-1).to(device)
+
+
+def _layer_dropout(x: Tensor, p: float, rows: Tensor | None) -> Tensor:
+    """Dropout of a layer's input [T, B, F] as nn applies it: on packed input
+    (rows: where the packed rows sit in the flattened padded batch) to the
+    packed rows alone, in their order, so that a seed draws nn's mask and
+    leaves the generator where nn's call leaves it; else to the whole tensor."""
+    if rows is None:
+        return F.dropout(x, p, training=True)
+    flat = x.flatten(0, 1)
+    dropped = F.dropout(flat.index_select(0, rows), p, training=True)
+    return flat.index_copy(0, rows, dropped).view(x.shape)
 
 
 def _flip(x: Tensor, flip: Tensor | None) -> Tensor:

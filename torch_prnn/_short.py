@@ -8,8 +8,7 @@ which runs the ops of the regular path in its order with its arguments
 over with nn's own torch._VF call, on the input as nn passes it, so that a
 handed-over call costs what nn's does. Everything else takes the regular path,
 which raises its own error for bad input: packed input, two directions, a
-weight computed by weight_norm or a parametrization, a dtype or shape the
-regular path would refuse (or autocast), and calls under torch.compile,
+dtype or shape the regular path would refuse (or autocast), and calls under torch.compile,
 torch.export, TorchScript, tracing, torch.func's transforms, a
 __torch_function__ mode or with a tensor subclass that overrides it."""
 
@@ -51,11 +50,7 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
             if not isinstance(state, Tensor) or state.dim() != dim:
                 return None
     h, c = (None, None) if states is None else (states[0], states[1] if len(states) == 2 else None)
-    params = module._parameters
-    try:
-        weights = [params[name] for name in module._flat_weights_names]
-    except KeyError:  # computed by weight_norm or a parametrization: getattr's, on the regular path
-        return None
+    weights = module._update_flat_weights()  # nn's forward reads this list too
     for weight in weights:
         if weight is None:
             return None
@@ -81,7 +76,7 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
     if steps == 0:
         return None
     training = _crossover.needs_grad(weights, x, h, c)
-    on_torch = _crossover.torch_is_faster(_crossover.CELL_OF_MODE[module.mode], x.dtype, x.device.type, batch,
+    on_torch = _crossover.torch_runs(_crossover.CELL_OF_MODE[module.mode], x.dtype, x.device.type, batch,
                                           module.hidden_size, module.proj_size, training=training,
                                           device_index=x.device.index)
     if not on_torch and batch_first:  # time first for our op, before the zeros as in the regular path

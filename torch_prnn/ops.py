@@ -215,7 +215,7 @@ def plan(
         "rows_per_cta": rows_per_cta,
         "smem_bytes": smem_bytes,
         "fused_input_projection": bool(fused),
-        "module": "torch" if _crossover.torch_is_faster(
+        "module": "torch" if _crossover.torch_runs(
             cell, dtype, torch.device(device).type, batch, hidden_size, proj_size, training=backward,
             device_index=torch.device(device).index,
         ) else "prnn",

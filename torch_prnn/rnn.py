@@ -20,7 +20,7 @@ torch.jit._builtins._register_builtin(_prnn_layer, "prnn::layer")
 torch.jit._builtins._register_builtin(_prnn_forward, "prnn::forward")
 
 
-class PersistentRNN(nn.Module):
+class PersistentRNN(_recurrent.FlatWeights, nn.Module):
     """Elman RNN with the interface, parameters and numbers of
     :class:`torch.nn.RNN`; each layer's recurrence runs as one persistent
     kernel instead of one GEMM per step (``torch.ops.prnn.layer``, the input
@@ -131,38 +131,12 @@ class PersistentRNN(nn.Module):
         self.flatten_parameters()
         self.reset_parameters()
 
-    # nn.RNN's _flat_weights: the weights in _flat_weights_names' order, for
-    # code that reads them. Kept in step as nn.RNN keeps it: on assignment,
-    # after .to() and the like, and in data-parallel replicas.
-
-    def _init_flat_weights(self) -> None:
-        self._flat_weights = [getattr(self, name, None) for name in self._flat_weights_names]
-
-    def __setattr__(self, name: str, value) -> None:
-        super().__setattr__(name, value)
-        names = self.__dict__.get("_flat_weights_names")
-        if names is not None and name in names:
-            self._flat_weights[names.index(name)] = value
-
-    def _apply(self, fn, recurse=True):
-        # Conversions may put new tensors in _parameters directly, not through __setattr__.
-        module = super()._apply(fn, recurse)
-        self._init_flat_weights()
-        self.flatten_parameters()
-        return module
-
-    def _replicate_for_data_parallel(self):
-        # A replica's weights are set on the replica: its own list, not the original's.
-        replica = super()._replicate_for_data_parallel()
-        replica._flat_weights = replica._flat_weights[:]
-        return replica
-
     def __setstate__(self, state) -> None:
-        super().__setstate__(state)
         if "_flat_weights_names" not in state:  # pickled by a torch_prnn without these attributes
-            self.mode = "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
-            self._flat_weights_names = [name for names in self._all_weights for name in names]
-            self._init_flat_weights()
+            names = [name for names in state["_all_weights"] for name in names]
+            state = dict(state, mode="RNN_TANH" if state["nonlinearity"] == "tanh" else "RNN_RELU",
+                         _flat_weights_names=names)
+        super().__setstate__(state)
 
     def __prepare_scriptable__(self) -> "PersistentRNN":
         # torch.jit.script calls this first. The scripted forward reads the
@@ -222,8 +196,7 @@ class PersistentRNN(nn.Module):
     def _torch_layers(self, x: Tensor, batch_sizes: Tensor | None, hx: Tensor) -> tuple[Tensor, Tensor]:
         """Every layer on torch's own recurrence, as nn.RNN calls it: x is
         [T, B, I] time-major, or the packed data with its batch_sizes."""
-        weights = [getattr(self, name) for name in self._flat_weights_names]
-        return _crossover.run_torch(self, x, batch_sizes, hx, weights)
+        return _crossover.run_torch(self, x, batch_sizes, hx, self._flat_weights)
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
@@ -299,7 +272,7 @@ class PersistentRNN(nn.Module):
                 )
             self._check_input(input, expected_dim=3)
             x = input.transpose(0, 1) if self.batch_first else input  # steps x batch x features
-            lengths = None
+            lengths = rows = None
 
         steps, batch = x.shape[0], x.shape[1]
         expected_hidden = (self.num_layers * num_directions, batch, self.hidden_size)
@@ -313,9 +286,9 @@ class PersistentRNN(nn.Module):
         # Where torch's own recurrence is faster (large batches), nn.RNN's call runs.
         on_torch = False
         if not torch.jit.is_scripting():
-            on_torch = _crossover.torch_is_faster(
+            on_torch = _crossover.torch_runs(
                 "rnn", x.dtype, x.device.type, batch, self.hidden_size,
-                training=_crossover.needs_grad(self._flat_weights, x, hx),
+                training=_crossover.needs_grad(self._update_flat_weights(), x, hx),
             )
         if on_torch:
             # packed: on the packed data, as nn.RNN runs it
@@ -326,7 +299,7 @@ class PersistentRNN(nn.Module):
             layer_input = x
             for layer in range(self.num_layers):
                 if layer > 0 and self.dropout > 0 and self.training:
-                    layer_input = F.dropout(layer_input, self.dropout, training=True)
+                    layer_input = _recurrent._layer_dropout(layer_input, self.dropout, rows)
                 outputs: list[Tensor] = []
                 for direction in range(num_directions):
                     index = layer * num_directions + direction
@@ -360,19 +333,9 @@ class PersistentRNN(nn.Module):
 
     def _weights(self, index: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """(w_ih, w_hh, b_ih, b_hh) of one layer and direction (biases None without bias)."""
-        if torch.jit.is_scripting():
-            # TorchScript has no _parameters: _flat_weights, which nn.RNN's scripted forward reads.
-            n = len(self._all_weights[index])  # the same for every layer and direction
-            w = self._flat_weights[index * n : index * n + n]
-        else:
-            # From _parameters where they are (nn.Module.__getattr__ costs ~1 us each,
-            # host time the GPU waits for); getattr where weight_norm or a
-            # parametrization replaced a parameter with a computed attribute.
-            params = self._parameters
-            w = [
-                params[name] if name in params else getattr(self, name)
-                for name in self._all_weights[index]
-            ]
+        # _flat_weights, which nn.RNN's forward reads (forward brought it up to date).
+        n = len(self._all_weights[index])  # the same for every layer and direction
+        w = self._flat_weights[index * n : index * n + n]
         return (w[0], w[1], w[2], w[3]) if len(w) == 4 else (w[0], w[1], None, None)
 
     def _layer(

@@ -1,0 +1,484 @@
+"""Drop-in details of PersistentRNN, PersistentLSTM and PersistentGRU
+against nn.RNN, nn.LSTM and nn.GRU on the CPU, beyond what the shared cell
+tests (gated_cells.CellTests, test_module.py) check: dropout on packed input,
+result dtypes under CPU autocast, ``_flat_weights`` as a list code may
+assign or change, packed, expanded and hand-built inputs, gradients of hx
+alone, hooks, grad modes, pickling, assigned and shared weights, strides.
+Every test compares with nn's module holding the same weights."""
+
+import copy
+import io
+import pickle
+import re
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+import torch_prnn
+from conftest import rel_err
+from gated_cells import check_parity
+
+# nn.LSTM on the CPU says so whenever it runs a projection.
+pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+
+F64 = torch.float64
+BOUND = 1e-12  # float64 against float64: the same maths, other roundings
+CELLS = {"rnn": (torch_prnn.PersistentRNN, nn.RNN), "lstm": (torch_prnn.PersistentLSTM, nn.LSTM),
+         "gru": (torch_prnn.PersistentGRU, nn.GRU)}
+
+
+def twins(cell, dtype=F64, **kwargs):
+    """(ours, theirs): nn's module of `cell`, and ours converted from it."""
+    ours_cls, nn_cls = CELLS[cell]
+    theirs = nn_cls(**{"input_size": 4, "hidden_size": 7, **kwargs}, dtype=dtype)
+    ours = getattr(ours_cls, f"from_{cell}")(theirs)
+    return ours, theirs
+
+
+def states(h_n):
+    """LSTM's (h, c) or GRU's h, as a list."""
+    return list(h_n) if isinstance(h_n, tuple) else [h_n]
+
+
+def values(result):
+    """[output (a packed output's data), *final states] of a forward's result."""
+    output, h_n = result
+    return [output.data if isinstance(output, PackedSequence) else output, *states(h_n)]
+
+
+def make_hx(module, batch, dtype=F64, requires_grad=True):
+    """Random hx of `module` for `batch` sequences: h, or LSTM's (h, c)."""
+    layers = module.num_layers * (2 if module.bidirectional else 1)
+    sizes = [module.proj_size or module.hidden_size]
+    if isinstance(module, (nn.LSTM, torch_prnn.PersistentLSTM)):
+        sizes.append(module.hidden_size)
+    hx = [torch.randn(layers, batch, size, dtype=dtype, requires_grad=requires_grad) for size in sizes]
+    return tuple(hx) if len(hx) == 2 else hx[0]
+
+
+def weighted_loss(tensors):
+    """A loss that weighs every element differently (the same for both modules)."""
+    gen = torch.Generator().manual_seed(1)
+    return sum((t * torch.randn(t.shape, generator=gen, dtype=F64).to(t)).sum() for t in tensors)
+
+
+def assert_all_close(got, expected, names, bound=BOUND):
+    assert len(got) == len(expected) == len(names)
+    for name, a, b in zip(names, got, expected):
+        if b is None:
+            assert a is None, f"{name}: ours has a gradient, nn's none"
+            continue
+        assert a is not None, f"{name}: nn has a gradient, ours none"
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{name}: {a.shape} {a.dtype} against {b.shape} {b.dtype}"
+        err = rel_err(a, b) if b.numel() else 0.0
+        assert err < bound, f"{name}: relative error {err:.3g} >= {bound:g}"
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("cell", CELLS)
+def test_packed_dropout_matches_nn(cell, bidirectional):
+    """In training mode nn draws each layer's dropout mask on the packed data
+    ([sum of lengths, features]); from the same seed ours must give nn's
+    output, final states and gradients, and leave the generator where nn
+    leaves it. (Padded input: gated_cells' test_dropout_train_matches_nn_cpu.)"""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=3, dropout=0.4, bidirectional=bidirectional)
+    x = torch.randn(5, 3, 4, dtype=F64, requires_grad=True)
+    lengths = torch.tensor([2, 5, 3])
+    results = []
+    for module in (ours, theirs):
+        torch.manual_seed(11)
+        vals = values(module(pack_padded_sequence(x, lengths, enforce_sorted=False)))
+        after = torch.rand(4)  # where the call left the generator
+        grads = torch.autograd.grad(weighted_loss(vals), [x, *module.parameters()])
+        results.append((vals, after, list(grads)))
+    (got, got_after, got_grads), (expected, expected_after, expected_grads) = results
+    assert_all_close(got, expected, ["output", "h_n", "c_n"][: len(got)])
+    assert torch.equal(got_after, expected_after), "the call drew a different amount of randomness than nn's"
+    names = ["grad input"] + [f"grad {n}" for n, _ in ours.named_parameters()]
+    assert_all_close(got_grads, expected_grads, names)
+
+
+def _padded():
+    return torch.randn(5, 3, 4)
+
+
+def _unbatched():
+    return torch.randn(5, 4)
+
+
+def _packed():
+    return pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([5, 3, 1]))
+
+
+AUTOCAST_CASES = [
+    # (cell, module options, input): nn.GRU keeps float32 results on the CPU
+    # (bfloat16 GEMMs, float32 state); nn.LSTM's oneDNN path (padded, no
+    # projection) returns bfloat16, its native path (packed input or
+    # proj_size) keeps c_n, and without a projection all results, float32.
+    ("gru", {}, _padded),
+    ("gru", {}, _unbatched),
+    ("gru", dict(num_layers=2, bidirectional=True), _packed),
+    ("lstm", dict(num_layers=2, bidirectional=True), _padded),  # the same as nn (bfloat16)
+    ("lstm", dict(num_layers=2, bidirectional=True), _packed),
+    ("lstm", dict(proj_size=3), _padded),
+    ("lstm", dict(proj_size=3, num_layers=2, bidirectional=True), _packed),
+]
+
+
+@pytest.mark.torch_fallback  # as users call: under CPU autocast the modules hand the call to torch
+@pytest.mark.parametrize(
+    "cell,kwargs,make_input", AUTOCAST_CASES,
+    ids=[f"{c}-{'-'.join(k) or 'plain'}-{m.__name__[1:]}" for c, k, m in AUTOCAST_CASES],
+)
+def test_autocast_cpu_dtypes_match_nn(cell, kwargs, make_input):
+    """Under torch.autocast("cpu", bfloat16) a float32 module's output and
+    final states have the dtypes nn's give, and nn's values within
+    bfloat16's error."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, torch.float32, **kwargs)
+    input = make_input()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, expected = values(ours(input)), values(theirs(input))
+    names = ["output", "h_n", "c_n"][: len(got)]
+    assert [t.dtype for t in got] == [t.dtype for t in expected], f"dtypes of {names}"
+    for name, a, b in zip(names, got, expected):
+        err = rel_err(a, b)
+        assert err < 2e-2, f"{name}: relative error {err:.3g} against nn's under autocast"
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_flat_weights_can_be_assigned(cell):
+    """nn's _flat_weights is the list its forward reads, which code may
+    assign or change in place (nn's own _replicate_for_data_parallel
+    assigns it); the module then runs on the list as nn's does, until a
+    weight attribute is assigned or .to() rebuilds it."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")]
+    theirs._flat_weights = list(theirs._flat_weights)
+    ours._flat_weights = list(ours._flat_weights)
+    assert_all_close(values(ours(x)), values(theirs(x)), names)
+
+    scaled = 2 * theirs.weight_hh_l1.detach()  # an element of the list changed, not the attribute
+    index = theirs._flat_weights_names.index("weight_hh_l1")
+    theirs._flat_weights[index] = scaled
+    ours._flat_weights[index] = scaled.clone()
+    got, expected = values(ours(x)), values(theirs(x))
+    assert_all_close(got, expected, names)
+    assert rel_err(expected[0], values(theirs.to(F64)(x))[0]) > 1e-3  # .to() rebuilds nn's list: the change is gone
+    assert_all_close(values(ours.to(F64)(x)), values(theirs(x)), names)
+
+    for module in (ours, theirs):  # an assigned attribute goes into the list
+        module.weight_hh_l1 = nn.Parameter(3 * module.weight_hh_l1.detach())
+    assert_all_close(values(ours(x)), values(theirs(x)), names)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_functional_call_runs_the_given_weights(cell):
+    """torch.func.functional_call with other weights: the call runs them (the
+    list rebuilt, as nn's forward rebuilds it), and the next plain call the
+    module's own."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")]
+    other = {name: torch.randn_like(w) for name, w in theirs.named_parameters()}
+    got = values(torch.func.functional_call(ours, other, (x,)))
+    expected = values(torch.func.functional_call(theirs, other, (x,)))
+    assert_all_close(got, expected, names)
+    assert_all_close(values(ours(x)), values(theirs(x)), names)
+    assert rel_err(values(ours(x))[0], got[0]) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32], ids=str)
+def test_projection_bidirectional_multilayer_packed(dtype):
+    """proj_size with two layers, two directions and unsorted packed input with
+    sequences of length 1: outputs, h_n, c_n and every gradient (hx, input,
+    parameters) as nn.LSTM's, hx given and absent."""
+    torch.manual_seed(0)
+    ours = torch_prnn.PersistentLSTM(4, 7, num_layers=2, bidirectional=True, proj_size=3, dtype=dtype)
+    reference = nn.LSTM(4, 7, num_layers=2, bidirectional=True, proj_size=3, dtype=F64)
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(5, 4, 4, dtype=dtype, requires_grad=True)
+    packed = pack_padded_sequence(x, torch.tensor([1, 5, 1, 3]), enforce_sorted=False)
+    check_parity(ours, reference, packed, make_hx(ours, 4, dtype))
+    check_parity(ours, reference, packed, None)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_hand_built_packed_sequence_with_an_empty_step(cell):
+    """A hand-built PackedSequence whose last step holds no sequence (batch
+    sizes [3, 0]), which nn accepts: nn's results."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, bidirectional=True)
+    packed = PackedSequence(torch.randn(3, 4, dtype=F64), torch.tensor([3, 0]))
+    assert_all_close(values(ours(packed)), values(theirs(packed)), ["output", "h_n", "c_n"][: 2 + (cell == "lstm")])
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("cell", CELLS)
+def test_expanded_hx(cell, batch_first):
+    """hx given as stride-0 views (a state broadcast over layers and batch):
+    nn's results, and the gradients reach the broadcast tensors as nn's do."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2, bidirectional=True, batch_first=batch_first)
+    x = torch.randn((3, 5, 4) if batch_first else (5, 3, 4), dtype=F64, requires_grad=True)
+    bases = [torch.randn(1, 1, 7, dtype=F64, requires_grad=True) for _ in range(1 + (cell == "lstm"))]
+    results = []
+    for module in (ours, theirs):
+        hx = [base.expand(4, 3, 7) for base in bases]
+        vals = values(module(x, tuple(hx) if cell == "lstm" else hx[0]))
+        results.append(vals + list(torch.autograd.grad(weighted_loss(vals), [x, *bases])))
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")] + ["grad x"] + ["grad h0", "grad c0"][: len(bases)]
+    assert_all_close(results[0], results[1], names)
+
+
+GRAD_OF = [("lstm", "output"), ("lstm", "h_n"), ("lstm", "c_n"), ("gru", "output"), ("gru", "h_n")]
+
+
+@pytest.mark.parametrize("cell,loss_of", GRAD_OF, ids=[f"{c}-{w}" for c, w in GRAD_OF])
+def test_grad_wrt_hx_only(cell, loss_of):
+    """A frozen module, an input without grad, and torch.autograd.grad of a
+    loss of one result with respect to hx alone (the other results' grads
+    undefined): nn's gradients."""
+    torch.manual_seed(0)
+    kwargs = dict(num_layers=2, bidirectional=True, **(dict(proj_size=3) if cell == "lstm" else {}))
+    ours, theirs = twins(cell, **kwargs)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    hx = make_hx(ours, 3)
+    grads = []
+    for module in (ours, theirs):
+        module.requires_grad_(False)
+        result = dict(zip(["output", "h_n", "c_n"], values(module(x, hx))))
+        grads.append(torch.autograd.grad(weighted_loss([result[loss_of]]), states(hx), allow_unused=True))
+    assert_all_close(list(grads[0]), list(grads[1]), ["grad h0", "grad c0"][: len(grads[0])])
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_tensor_hooks_on_outputs(cell):
+    """Hooks on the output (doubling its gradient) and on h_n (zeroing it),
+    retain_grad on the output, and .backward(): the input's, the output's and
+    every parameter's .grad as nn's."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2)
+    x = torch.randn(5, 3, 4, dtype=F64, requires_grad=True)
+    results = []
+    for module in (ours, theirs):
+        output, h_n = module(x)
+        output.register_hook(lambda g: 2 * g)
+        states(h_n)[0].register_hook(torch.zeros_like)
+        output.retain_grad()
+        weighted_loss([output, *states(h_n)]).backward()
+        results.append([x.grad.clone(), output.grad] + [p.grad for p in module.parameters()])
+        x.grad = None
+    names = ["grad x", "grad output"] + [f"grad {n}" for n, _ in ours.named_parameters()]
+    assert_all_close(results[0], results[1], names)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_module_full_backward_hook(cell):
+    """register_full_backward_hook sees nn's grad_input (input, and GRU's hx,
+    a tensor argument) and grad_output (the output, a tensor result)."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2)
+    x = torch.randn(5, 3, 4, dtype=F64, requires_grad=True)
+    hx = make_hx(ours, 3)
+    seen = []
+    for module in (ours, theirs):
+        calls = []
+        module.register_full_backward_hook(lambda mod, grad_input, grad_output: calls.append((grad_input, grad_output)))
+        weighted_loss(values(module(x, hx))).backward()
+        assert len(calls) == 1
+        seen.append([*calls[0][0], *calls[0][1]])
+    assert_all_close(seen[0], seen[1], [f"hook gradient {i}" for i in range(len(seen[1]))])
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_no_grad_and_inference_mode(cell):
+    """Under no_grad and inference_mode: nn's values, and results that do
+    not require grad (inference tensors under inference_mode)."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    hx = make_hx(ours, 3)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            got, expected = values(ours(x, hx)), values(theirs(x, hx))
+        assert_all_close(got, expected, ["output", "h_n", "c_n"][: len(got)])
+        flags = [[(t.requires_grad, t.is_inference()) for t in vals] for vals in (got, expected)]
+        assert flags[0] == flags[1], context.__name__
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_pickle_deepcopy_and_whole_model_save(cell):
+    """pickle, copy.deepcopy and torch.save(module) loaded with torch.load's
+    default weights_only=True: the same repr, _flat_weights that are the
+    copy's parameters, and the same results."""
+    torch.manual_seed(0)
+    ours, _ = twins(cell, num_layers=2, bidirectional=True, dropout=0.3, batch_first=True)
+    ours.eval()
+    buffer = io.BytesIO()
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    copies = [pickle.loads(pickle.dumps(ours)), copy.deepcopy(ours), torch.load(buffer)]
+    x = torch.randn(3, 5, 4, dtype=F64)
+    expected = values(ours(x))
+    for copied in copies:
+        assert type(copied) is type(ours) and repr(copied) == repr(ours) and not copied.training
+        assert all(a is b for a, b in zip(copied._flat_weights, copied.parameters(), strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(values(copied(x)), expected, strict=True))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_assigned_parameters_are_used(cell):
+    """A new nn.Parameter assigned to weight_ih_l0 and weight_hh_l1_reverse
+    after a first call (two layers, two directions: the regular path) is what
+    the next call uses, and gets the gradient, as with nn."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    ours(x), theirs(x)
+    new = {name: torch.randn_like(getattr(ours, name)) for name in ("weight_ih_l0", "weight_hh_l1_reverse")}
+    results = []
+    for module in (ours, theirs):
+        for name, value in new.items():
+            setattr(module, name, nn.Parameter(value.clone()))
+        vals = values(module(x))
+        results.append(vals + list(torch.autograd.grad(weighted_loss(vals), [getattr(module, n) for n in new])))
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")] + [f"grad {n}" for n in new]
+    assert_all_close(results[0], results[1], names)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_weight_shared_between_directions(cell):
+    """One Parameter as both directions' W_hh: nn's results, and its gradient
+    the sum over both uses."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, bidirectional=True)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    results = []
+    for module in (ours, theirs):
+        module.weight_hh_l0_reverse = module.weight_hh_l0
+        vals = values(module(x))
+        results.append(vals + list(torch.autograd.grad(weighted_loss(vals), list(module.parameters()))))
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")] + [f"grad {n}" for n, _ in ours.named_parameters()]
+    assert_all_close(results[0], results[1], names)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_plain_tensor_weights_as_weight_drop_sets_them(cell):
+    """WeightDrop's pattern (torchnlp, fastai): the parameter removed, a raw
+    parameter registered, and a plain tensor computed from it set under the
+    weight's name: the tensor is used and the raw parameter gets nn's
+    gradient."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    results = []
+    for module in (ours, theirs):
+        raw = module._parameters.pop("weight_hh_l1")
+        module.register_parameter("weight_hh_l1_raw", nn.Parameter(raw.detach().clone()))
+        module.weight_hh_l1 = module.weight_hh_l1_raw * 0.5
+        vals = values(module(x))
+        results.append(vals + list(torch.autograd.grad(weighted_loss(vals), [module.weight_hh_l1_raw])))
+    assert_all_close(results[0], results[1], ["output", "h_n", "c_n"][: 2 + (cell == "lstm")] + ["grad raw"])
+
+
+def test_repr_with_proj_size():
+    theirs = nn.LSTM(3, 5, proj_size=2, num_layers=2, bidirectional=True, dropout=0.1)
+    ours = torch_prnn.PersistentLSTM.from_lstm(theirs)
+    assert repr(ours) == repr(theirs).replace("LSTM(", "PersistentLSTM(", 1)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_dropout_rng_stream_matches_nn(cell):
+    """Padded input: a training call draws from the generator what nn's does
+    (the next random numbers are nn's), an eval call draws nothing."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=3, dropout=0.4, bidirectional=True)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    for training in (True, False):
+        after = []
+        for module in (ours, theirs):
+            module.train(training)
+            torch.manual_seed(5)
+            module(x)
+            after.append(torch.rand(4))
+        assert torch.equal(after[0], after[1]), f"training={training}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cell", CELLS)
+def test_16bit_modules_on_the_cpu(cell, dtype):
+    """A module converted with .to(16-bit) on the CPU, as nn's in the same
+    dtype: results and gradients in that dtype, each within twice nn's own
+    error against the float64 module (and at least 1e-3)."""
+    torch.manual_seed(0)
+    kwargs = dict(num_layers=2, bidirectional=True, **(dict(proj_size=3) if cell == "lstm" else {}))
+    ours, reference = twins(cell, **kwargs)
+    theirs = copy.deepcopy(reference).to(dtype)
+    ours.to(dtype)
+    x = torch.randn(5, 3, 4, dtype=F64)
+
+    def run(module, dtype):
+        leaf = x.to(dtype).requires_grad_()
+        vals = values(module(leaf))
+        return vals + list(torch.autograd.grad(weighted_loss(vals), [leaf, *module.parameters()]))
+
+    got, theirs_got, expected = run(ours, dtype), run(theirs, dtype), run(reference, F64)
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")] + ["grad x"]
+    names += [f"grad {n}" for n, _ in ours.named_parameters()]
+    for name, a, b, ref in zip(names, got, theirs_got, expected, strict=True):
+        assert a.dtype == b.dtype == dtype, name
+        bound = max(2 * rel_err(b, ref), 1e-3)
+        assert rel_err(a, ref) < bound, f"{name}: {rel_err(a, ref):.3g} >= {bound:.3g}"
+
+
+GRU_PACKED_BAD = [
+    ("input size", lambda: (pack_padded_sequence(torch.randn(5, 3, 6), torch.tensor([5, 3, 2])), None)),
+    ("dtype", lambda: (pack_padded_sequence(torch.randn(5, 3, 4, dtype=F64), torch.tensor([5, 3, 2])), None)),
+    ("2-D hx", lambda: (pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([5, 3, 2])), torch.randn(3, 7))),
+    ("hx batch", lambda: (pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([5, 3, 2])), torch.randn(2, 4, 7))),
+]
+
+
+@pytest.mark.parametrize("name,make", GRU_PACKED_BAD, ids=[c[0] for c in GRU_PACKED_BAD])
+def test_gru_packed_bad_input_matches_nn(name, make):
+    """nn.GRU checks packed input as padded input (check_forward_args): the
+    same error type and message. (nn.LSTM does not check packed input: its
+    errors come from inside torch and are not compared.)"""
+    ours, theirs = twins("gru", torch.float32, num_layers=2)
+    input, hx = make()
+    with pytest.raises(Exception) as expected:
+        theirs(input, hx)
+    with pytest.raises(type(expected.value), match=f"^{re.escape(str(expected.value))}$"):
+        ours(input, hx)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("cell", CELLS)
+def test_result_strides_match_nn(cell, batch_first):
+    """The output's and final states' strides are nn's (batch-first output is
+    a transposed view in both), so .view() on them works or fails alike."""
+    ours, theirs = twins(cell, num_layers=2, bidirectional=True, batch_first=batch_first)
+    x = torch.randn(3, 5, 4, dtype=F64)
+    assert [t.stride() for t in values(ours(x))] == [t.stride() for t in values(theirs(x))]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_gradcheck(cell):
+    """torch.autograd.gradcheck with respect to the input and hx (float64,
+    two layers, two directions)."""
+    torch.manual_seed(0)
+    ours, _ = twins(cell, input_size=2, hidden_size=3, num_layers=2, bidirectional=True)
+    x = torch.randn(3, 2, 2, dtype=F64, requires_grad=True)
+    hx = states(make_hx(ours, 2))
+
+    def f(x, *hx):
+        return tuple(values(ours(x, tuple(hx) if cell == "lstm" else hx[0])))
+
+    assert torch.autograd.gradcheck(f, (x, *hx))
