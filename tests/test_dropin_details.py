@@ -482,3 +482,18 @@ def test_gradcheck(cell):
         return tuple(values(ours(x, tuple(hx) if cell == "lstm" else hx[0])))
 
     assert torch.autograd.gradcheck(f, (x, *hx))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_meta_modules_under_cpu_autocast(cell):
+    """A module on the meta device (shapes only, as model-building tools use
+    it), plain and under CPU autocast with input of another dtype: nn's
+    result shapes and dtypes, where a dtype check that asked for autocast on
+    the meta device raised."""
+    ours_cls, nn_cls = CELLS[cell]
+    for dtype, autocast in ((torch.float32, False), (F64, True)):
+        x = torch.randn(3, 2, 4, dtype=dtype, device="meta")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            got = values(ours_cls(4, 5, device="meta")(x))
+            expected = values(nn_cls(4, 5, device="meta")(x))
+        assert [(t.shape, t.dtype, t.device.type) for t in got] == [(t.shape, t.dtype, t.device.type) for t in expected]
