@@ -310,8 +310,11 @@ class CellTests:
         check_parity(ours, reference, make_input(5, 3, 4, False, torch.float64, "cpu"), None)
 
     def test_autocast_cpu(self):
-        """Under autocast(bfloat16) a float32 module runs in bfloat16, as nn does
-        on the CPU, within bfloat16's error of the float64 reference."""
+        """Under autocast(bfloat16), on torch_prnn's ops (the hand-over off, as in
+        every test not marked torch_fallback), a float32 module runs them in
+        bfloat16, within bfloat16's error of the float64 reference. Users'
+        calls go to torch's recurrence there, whose dtypes nn's are
+        (test_dropin_details.test_autocast_cpu_dtypes_match_nn)."""
         ours, reference = self.twins(dtype=torch.float32, num_layers=2)
         x = torch.randn(6, 3, 4)
         with torch.autocast("cpu", dtype=torch.bfloat16):
