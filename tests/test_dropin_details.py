@@ -45,7 +45,8 @@ def states(h_n):
 def values(result):
     """[output (a packed output's data), *final states] of a forward's result."""
     output, h_n = result
-    return [output.data if isinstance(output, PackedSequence) else output, *states(h_n)]
+    packed = isinstance(output, PackedSequence) or hasattr(output, "batch_sizes")  # a scripted call's namedtuple
+    return [output.data if packed else output, *states(h_n)]
 
 
 def make_hx(module, batch, dtype=F64, requires_grad=True):
@@ -99,6 +100,32 @@ def test_packed_dropout_matches_nn(cell, bidirectional):
     assert torch.equal(got_after, expected_after), "the call drew a different amount of randomness than nn's"
     names = ["grad input"] + [f"grad {n}" for n, _ in ours.named_parameters()]
     assert_all_close(got_grads, expected_grads, names)
+
+
+class PackedCall(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: PackedSequence):
+        return self.rnn(x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning")
+@pytest.mark.parametrize("cell", CELLS)
+def test_packed_dropout_scripted(cell):
+    """The scripted module drops the same packed rows as the eager one (and so
+    as nn): from one seed the same packed output."""
+    torch.manual_seed(0)
+    ours, _ = twins(cell, num_layers=2, dropout=0.5, bidirectional=True)
+    wrapped = PackedCall(ours)
+    scripted = torch.jit.script(copy.deepcopy(wrapped))  # as nn's: one input type a call site
+    packed = pack_padded_sequence(torch.randn(5, 3, 4, dtype=F64), torch.tensor([2, 5, 3]), enforce_sorted=False)
+    results = []
+    for module in (wrapped, scripted):
+        torch.manual_seed(5)
+        results.append(values(module(packed)))
+    assert_all_close(results[1], results[0], ["output", "h_n", "c_n"][: len(results[0])])
 
 
 def _padded():
