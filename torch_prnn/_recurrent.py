@@ -52,6 +52,18 @@ class FlatWeights:
                 return self._flat_weights
         return flat
 
+    def _forward_weights(self) -> list:
+        """_update_flat_weights for a forward, which nn's runs on the list:
+        an element that is not a tensor is a TypeError there too."""
+        weights = self._update_flat_weights()
+        for i, weight in enumerate(weights):
+            if not isinstance(weight, Tensor):
+                raise TypeError(
+                    f"{type(self).__name__}: _flat_weights[{i}] ({self._flat_weights_names[i]}) must be a "
+                    f"tensor, got {type(weight).__name__}"
+                )
+        return weights
+
     def __setattr__(self, name: str, value) -> None:
         names = self.__dict__.get("_flat_weights_names")
         if names is not None and name in names:
@@ -335,7 +347,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
         # Where torch's own recurrence is faster (large batches), nn's call runs.
-        weights = self._update_flat_weights()
+        weights = self._forward_weights()
         if _crossover.torch_runs(
             _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
             training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index,
@@ -549,19 +561,36 @@ def _refuse_func_autodiff(module_name: str) -> None:
         )
 
 
+def check_batch_sizes_type(batch_sizes: Tensor) -> None:
+    """A PackedSequence's batch_sizes as pack_padded_sequence makes them: a
+    1-D tensor of integers (TypeError, as nn's modules raise, otherwise)."""
+    if batch_sizes.dim() != 1:
+        raise TypeError(f"PackedSequence: batch_sizes must be a 1-D tensor of integers, got {batch_sizes.dim()}-D")
+    if batch_sizes.is_floating_point() or batch_sizes.is_complex() or batch_sizes.dtype == torch.bool:
+        raise TypeError("PackedSequence: batch_sizes must be a 1-D tensor of integers, got other values")
+
+
+def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
+    """batch_sizes' values as pack_padded_sequence makes them: non-negative,
+    non-increasing and summing to the number of packed rows. Without this a
+    hand-built one with growing sizes (say [3, 0, 2]) would run with the
+    wrong lengths, and one with a negative size fail inside the padding."""
+    check_batch_sizes_type(batch_sizes)
+    if (bool((batch_sizes < 0).any()) or bool((batch_sizes[1:] > batch_sizes[:-1]).any())
+            or int(batch_sizes.sum()) != rows):
+        sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
+        raise RuntimeError(
+            "PackedSequence: batch_sizes must be non-negative, non-increasing and sum to the number of "
+            f"data rows, got batch_sizes {sizes} for {rows} rows"
+        )
+
+
 def _pad(data: Tensor, batch_sizes: Tensor):
     """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
     lengths [B] on the CPU, index of each packed row in the flattened padded
     [T*B] rows). Packed rows are time-major, each step's sequences in batch
     order, so they are the valid entries of the padded tensor in row-major order."""
-    # What pack_padded_sequence makes. Without this check a hand-built one with
-    # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
-    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != data.shape[0]:
-        sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
-        raise RuntimeError(
-            "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
-            f"data rows, got batch_sizes {sizes} for {data.shape[0]} rows"
-        )
+    check_batch_sizes(batch_sizes, data.shape[0])
     steps, batch = batch_sizes.numel(), int(batch_sizes[0])
     valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
     lengths = valid.sum(0)

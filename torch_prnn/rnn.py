@@ -239,6 +239,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
+            _recurrent.check_batch_sizes_type(batch_sizes)
             batch = _packed_batch(batch_sizes, sorted_indices, hx)
             x, lengths, rows = _pad(data, batch_sizes, batch)
             if hx is not None and sorted_indices is not None:
@@ -288,7 +289,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         if not torch.jit.is_scripting():
             on_torch = _crossover.torch_runs(
                 "rnn", x.dtype, x.device.type, batch, self.hidden_size,
-                training=_crossover.needs_grad(self._update_flat_weights(), x, hx),
+                training=_crossover.needs_grad(self._forward_weights(), x, hx),
             )
         if on_torch:
             # packed: on the packed data, as nn.RNN runs it
@@ -420,20 +421,16 @@ def _packed_rows(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Te
     packed rows in the flattened padded [T*batch] rows, both on the CPU.
     Packed rows are time-major, each step's sequences in batch order, so they
     are the valid entries of the padded tensor in row-major order."""
-    # What pack_padded_sequence makes. Without this check a hand-built one with
-    # growing batch sizes (say [3, 0, 2]) would run with the wrong lengths.
-    if bool((batch_sizes[1:] > batch_sizes[:-1]).any()) or int(batch_sizes.sum()) != rows:
-        sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
-        raise RuntimeError(
-            "PackedSequence: batch_sizes must be non-increasing and sum to the number of "
-            f"data rows, got batch_sizes {sizes} for {rows} rows"
-        )
+    _recurrent.check_batch_sizes(batch_sizes, rows)
     valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B
     return valid.sum(0), valid.flatten().nonzero().squeeze(1)
 
 
 def _packed_rows_of_batch(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
     """_packed_rows for a batch not read from batch_sizes (_packed_batch)."""
+    if not isinstance(batch_sizes, Tensor):
+        raise TypeError(f"prnn::packed_rows: batch_sizes must be a tensor, got {type(batch_sizes).__name__}")
+    _recurrent.check_batch_sizes_type(batch_sizes)
     if batch_sizes.numel() > 0 and int(batch_sizes[0]) != batch:
         raise RuntimeError(
             f"PackedSequence: batch_sizes {batch_sizes.tolist()} is a batch of "

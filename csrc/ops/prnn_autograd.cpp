@@ -238,6 +238,10 @@ std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor& xp, const 
                                                     const at::Tensor& w_hh,
                                                     const std::optional<at::Tensor>& lengths,
                                                     c10::string_view nonlinearity) {
+  // Before autograd's Function::apply, which would fail on None ("tensor does not have a device").
+  check_defined("prnn::forward", "xp", xp);
+  check_defined("prnn::forward", "h0", h0);
+  check_defined("prnn::forward", "w_hh", w_hh);
   refuse_forward_ad("prnn::forward", {&xp, &h0, &w_hh});
   if (!records_graph({&xp, &h0, &w_hh})) {
     // Nothing to record (inference, no_grad): straight to the kernel.
@@ -255,6 +259,10 @@ std::tuple<at::Tensor, at::Tensor> layer_autograd(
   static const at::Tensor none;
   const at::Tensor* bi = b_ih.has_value() ? &*b_ih : &none;
   const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
+  check_defined("prnn::layer", "x", x);
+  check_defined("prnn::layer", "w_ih", w_ih);
+  check_defined("prnn::forward", "h0", h0);  // the recurrence's messages, as call_layer's checks
+  check_defined("prnn::forward", "w_hh", w_hh);
   refuse_forward_ad("prnn::layer", {&x, &w_ih, bi, bh, &h0, &w_hh});
   if (!records_graph({&x, &w_ih, bi, bh, &h0, &w_hh})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -272,6 +280,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_autograd(
   static const at::Tensor none;
   const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
   const at::Tensor* wr = w_hr.has_value() ? &*w_hr : &none;
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"xp", &xp}, {"h0", &h0}, {"c0", &c0},
+                                {"w_hh", &w_hh}})
+    check_defined("prnn::lstm", name, *t);
   refuse_forward_ad("prnn::lstm", {&xp, bh, &h0, &c0, &w_hh, wr});
   if (!records_graph({&xp, bh, &h0, &c0, &w_hh, wr})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -289,6 +300,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_autograd(const at::Tensor& xp
                                                             bool save) {
   static const at::Tensor none;
   const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"xp", &xp}, {"h0", &h0}, {"w_hh", &w_hh}})
+    check_defined("prnn::gru", name, *t);
   refuse_forward_ad("prnn::gru", {&xp, bh, &h0, &w_hh});
   if (!records_graph({&xp, bh, &h0, &w_hh})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;

@@ -26,15 +26,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers(const at::Tensor& input, c
   const bool lstm = mode == "LSTM", gru = mode == "GRU", tanh = mode == "RNN_TANH";
   TORCH_CHECK_VALUE(lstm || gru || tanh || mode == "RNN_RELU", op,
                     ": mode must be 'RNN_TANH', 'RNN_RELU', 'LSTM' or 'GRU', got '", std::string(mode), "'");
+  TORCH_CHECK(input.defined(), op, ": input must be a tensor, got None");
+  TORCH_CHECK(h.defined(), op, ": h must be a tensor, got None");
   TORCH_CHECK(h.dim() == 3 && h.size(0) >= 1, op, ": h must be 3-D [layers >= 1, batch, size], got ", h.sizes());
   TORCH_CHECK(c.has_value() == lstm, op, ": c must be given for an LSTM and only for one");
   const int64_t num_layers = h.size(0);
+  if (lstm)
+    TORCH_CHECK(c->defined() && c->dim() == 3 && c->size(0) == num_layers && c->size(1) == h.size(1), op,
+                ": c must be 3-D [layers=", num_layers, ", batch=", h.size(1), ", hidden], got ",
+                c->defined() ? c->sizes() : at::IntArrayRef{});
+  TORCH_CHECK_VALUE(dropout >= 0 && dropout <= 1, op, ": dropout must be a probability in [0, 1], got ", dropout);
   const size_t per_layer = params.size() / num_layers;
-  // w_ih, w_hh, [b_ih, b_hh,] [w_hr]: 2 or 4 a layer, one more with a projection.
-  const bool projection = lstm && per_layer % 2 == 1, biases = per_layer >= 4;
+  // w_ih, w_hh, [b_ih, b_hh,] [w_hr]: 2 or 4 a layer, one more with an LSTM's projection.
+  const bool projection = lstm && (per_layer == 3 || per_layer == 5), biases = per_layer >= 4;
   TORCH_CHECK(params.size() % num_layers == 0 && (per_layer == 2 || per_layer == 4 || projection), op,
               ": params must hold 2 or 4 tensors a layer", lstm ? " (3 or 5 with a projection)" : "", ", got ",
               params.size(), " for ", num_layers, " layers");
+  for (size_t i = 0; i < params.size(); ++i)
+    TORCH_CHECK(params[i].defined(), op, ": params[", i, "] must be a tensor, got None");
 
   std::vector<at::Tensor> h_n, c_n;
   at::Tensor x = input;

@@ -53,11 +53,6 @@ prnn_activation_t to_activation(const char* op, c10::string_view nonlinearity) {
   return nonlinearity == "tanh" ? PRNN_ACT_TANH : PRNN_ACT_RELU;
 }
 
-// A None passed for a Tensor argument arrives as an undefined tensor.
-void check_defined(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor, got None");
-}
-
 void check_rank(const char* op, const char* name, const at::Tensor& t, int64_t rank,
                 const char* dims) {
   check_defined(op, name, t);
@@ -273,6 +268,8 @@ void check_input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_hh) {
   const char* op = "prnn::layer";
   check_rank(op, "x", x, 3, "[steps, batch, input]");
+  TORCH_CHECK(to_prnn_dtype(x.scalar_type()).has_value(), op,
+              ": x must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
   check_rank(op, "w_ih", w_ih, 2, "[hidden, input]");
   check_like(op, "w_ih", w_ih, "x", x);
   // Symbolic sizes (see as_rows).

@@ -12,6 +12,11 @@
 
 namespace torch_prnn {
 
+// A None passed for a Tensor argument arrives as an undefined tensor.
+inline void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor, got None");
+}
+
 // Check the tensors of prnn::forward / prnn::backward (ranks, sizes, dtypes,
 // devices, nonlinearity) and return the problem. `lengths` is checked by
 // host_lengths.
