@@ -524,3 +524,67 @@ def test_meta_modules_under_cpu_autocast(cell):
             got = values(ours_cls(4, 5, device="meta")(x))
             expected = values(nn_cls(4, 5, device="meta")(x))
         assert [(t.shape, t.dtype, t.device.type) for t in got] == [(t.shape, t.dtype, t.device.type) for t in expected]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_flat_weights_after_an_assigned_attribute(cell):
+    """An assigned weight attribute goes into the list, and the next forward
+    rebuilds it from the attributes as nn's does: an element changed after
+    that forward is kept, one changed before it is dropped."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell, num_layers=2)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    names = ["output", "h_n", "c_n"][: 2 + (cell == "lstm")]
+    index = theirs._flat_weights_names.index("weight_hh_l1")
+    for module in (ours, theirs):
+        module.weight_hh_l0 = nn.Parameter(1.5 * module.weight_hh_l0.detach())
+        module(x)
+        module._flat_weights[index] = 0 * module.weight_hh_l1.detach()  # after the forward: kept
+    assert_all_close(values(ours(x)), values(theirs(x)), names)
+    for module in (ours, theirs):
+        module._flat_weights[index] = 2 * module.weight_hh_l1.detach()  # then an attribute assigned: dropped
+        module.weight_ih_l1 = nn.Parameter(0.5 * module.weight_ih_l1.detach())
+    assert_all_close(values(ours(x)), values(theirs(x)), names)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_flat_weights_rebuilt_flattens_as_nn(cell, monkeypatch):
+    """A rebuilt list is flattened as nn's (flatten_parameters puts CUDA
+    weights in cuDNN's layout for the calls handed to it): the same number of
+    flatten_parameters calls as nn's over load_state_dict(assign=True) and a
+    forward."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell)
+    counts = {}
+    for module in (ours, theirs):
+        flatten = module.flatten_parameters
+        monkeypatch.setattr(module, "flatten_parameters", lambda f=flatten, m=module: (
+            counts.__setitem__(id(m), counts.get(id(m), 0) + 1), f())[1])
+        module.load_state_dict({k: v.clone() for k, v in theirs.state_dict().items()}, assign=True)
+        module(torch.randn(5, 3, 4, dtype=F64))
+    assert counts[id(ours)] == counts[id(theirs)] >= 1
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_functional_call_after_a_failed_conversion(cell):
+    """A conversion that fails part way (.to(), .half() and the like run
+    _apply) leaves the list in step: functional_call still runs the weights
+    it is given (nn's list is left without its references there, and
+    functional_call raises)."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell)
+    converted = []
+
+    def fail_on_the_second(t):
+        converted.append(t)
+        if len(converted) > 1:
+            raise RuntimeError("conversion failed")
+        return t.clone()
+
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        ours._apply(fail_on_the_second)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    other = {name: torch.randn_like(w) for name, w in theirs.named_parameters()}
+    expected = values(torch.func.functional_call(copy.deepcopy(theirs), other, (x,)))
+    assert_all_close(values(torch.func.functional_call(ours, other, (x,))), expected,
+                     ["output", "h_n", "c_n"][: 2 + (cell == "lstm")])

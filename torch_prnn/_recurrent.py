@@ -33,19 +33,30 @@ class FlatWeights:
     parametrization, weight_norm)."""
 
     def _init_flat_weights(self) -> None:
-        self._flat_weights = [getattr(self, name, None) for name in self._flat_weights_names]
+        """nn's: the list and its weak references from the attributes, then
+        flatten_parameters."""
+        self._flat_weights = [getattr(self, name) if hasattr(self, name) else None for name in self._flat_weights_names]
         self._flat_weight_refs = [None if w is None else weakref.ref(w) for w in self._flat_weights]
+        self._flat_weights_stale = False
+        self.flatten_parameters()
 
     def _update_flat_weights(self) -> list:
-        """nn's _update_flat_weights, then the list. From _parameters where a
-        weight is one (getattr costs host time, ~1 us a weight), else getattr."""
+        """nn's _update_flat_weights (the list rebuilt where a weight
+        attribute is no longer the tensor it was taken from), then the list.
+        A weight in _parameters is read from there (getattr costs host time),
+        and where the list holds it, it is taken from there unless assigned
+        since (__setattr__ marks that); a computed one is read as nn reads it
+        (hasattr, then getattr: a parametrization runs as often as nn's)."""
+        if self._flat_weights_stale:
+            self._init_flat_weights()
+            return self._flat_weights
         params = self._parameters
         flat = self._flat_weights
         for name, listed, ref in zip(self._flat_weights_names, flat, self._flat_weight_refs):
             weight = params.get(name)
             if weight is None:
-                weight = getattr(self, name, None)
-            if weight is listed:  # as built (the common case): no need to ask the reference
+                weight = getattr(self, name) if hasattr(self, name) else None
+            elif weight is listed:  # the list's own parameter, not assigned since
                 continue
             if weight is not None and ref is not None and ref() is not weight:
                 self._init_flat_weights()
@@ -67,16 +78,23 @@ class FlatWeights:
     def __setattr__(self, name: str, value) -> None:
         names = self.__dict__.get("_flat_weights_names")
         if names is not None and name in names:
-            self._flat_weights[names.index(name)] = value
+            index = names.index(name)
+            self._flat_weights[index] = value
+            # nn's next forward sees the attribute is not the tensor the list was built from, and rebuilds it.
+            ref = self._flat_weight_refs[index] if index < len(self._flat_weight_refs) else None
+            if value is not None and ref is not None and ref() is not value:
+                self._flat_weights_stale = True
         super().__setattr__(name, value)
 
     def _apply(self, fn, recurse=True):
-        # Conversions may put new tensors in _parameters directly, not through __setattr__.
+        # Conversions may put new tensors in _parameters directly, not through
+        # __setattr__; no weak references during them (tensor swaps refuse
+        # tensors that have some), and the list rebuilt even if one fails.
         self._flat_weight_refs = []
-        module = super()._apply(fn, recurse)
-        self._init_flat_weights()
-        self.flatten_parameters()
-        return module
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            self._init_flat_weights()
 
     def _replicate_for_data_parallel(self):
         # A replica's weights are set on the replica: its own lists, not the original's.
@@ -93,10 +111,10 @@ class FlatWeights:
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
-        if "_flat_weights" in state:
-            self._flat_weight_refs = [None if w is None else weakref.ref(w) for w in self._flat_weights]
-        else:  # pickled by a torch_prnn that computed the list
-            self._init_flat_weights()
+        if "_flat_weights" not in state:  # pickled by a torch_prnn that computed the list
+            self._flat_weights = [getattr(self, name, None) for name in self._flat_weights_names]
+        self._flat_weight_refs = [None if w is None else weakref.ref(w) for w in self._flat_weights]
+        self._flat_weights_stale = False
 
 
 class PersistentRNNBase(FlatWeights, nn.Module):
@@ -206,8 +224,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                     names.append(name)
                 self._all_weights.append(names)
                 self._flat_weights_names.extend(names)
-        self._init_flat_weights()
-        self.flatten_parameters()
+        self._init_flat_weights()  # and flatten_parameters, as nn's
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -265,7 +282,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                 f"or another parametrization), which TorchScript does not support (nor for nn.{self.mode}); "
                 "torch.compile and torch.export do"
             )
-        self._init_flat_weights()
+        self._update_flat_weights()  # assigned elements kept, as nn's scripting keeps them
         return self
 
     def _torch_layers(self, x, batch_sizes, states, weights):
@@ -466,9 +483,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
     def _check_input(self, input: Tensor, expected_dim: int) -> None:
         # Under TorchScript the ops check the dtypes, as nn's do there.
         if not torch.jit.is_scripting():
-            weight = self._parameters.get("weight_ih_l0")
-            if weight is None:  # replaced by weight_norm or a parametrization
-                weight = self.weight_ih_l0
+            weight = self._flat_weights[0]  # nn's check reads the list (a parametrization runs no extra time)
             if input.dtype != weight.dtype and not torch._C._is_any_autocast_enabled():  # nn's test
                 raise ValueError(
                     f"RNN input dtype ({input.dtype}) does not match weight dtype ({weight.dtype}). "

@@ -127,8 +127,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                     names.append(name)
                 self._all_weights.append(names)
         self._flat_weights_names = [name for names in self._all_weights for name in names]
-        self._init_flat_weights()
-        self.flatten_parameters()
+        self._init_flat_weights()  # and flatten_parameters, as nn's
         self.reset_parameters()
 
     def __setstate__(self, state) -> None:
@@ -148,7 +147,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                 "another parametrization), which TorchScript does not support (nor for nn.RNN); "
                 "torch.compile and torch.export do"
             )
-        self._init_flat_weights()
+        self._update_flat_weights()  # assigned elements kept, as nn's scripting keeps them
         return self
 
     def reset_parameters(self) -> None:
