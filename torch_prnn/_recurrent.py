@@ -325,7 +325,6 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             short = _short.forward(self, input, None if hx is None else self._unpack_hx(hx), self._state_sizes)
             if short is not None:
                 return short[0], self._pack_hx(short[1:])
-        _refuse_func_autodiff(type(self).__name__)
         states = None if hx is None else self._unpack_hx(hx)
         packed = isinstance(input, PackedSequence)
         if packed:
@@ -372,6 +371,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             # packed: on the packed data, as nn runs it
             output, states = self._torch_layers(data if packed else x, batch_sizes if packed else None, states, weights)
         else:
+            _refuse_func_autodiff(type(self).__name__)  # torch's recurrence (above) runs under them, as nn's
             flip = None if lengths is None else _flip_index(lengths, steps, x.device)
             finals = []  # the final states of each layer and direction
             layer_input = x
@@ -562,8 +562,8 @@ def _refuse_func_autodiff(module_name: str) -> None:
     """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
     jacfwd) do not see through the autograd of the prnn:: ops (C++
     torch::autograd::Functions): they fail inside torch or at the ops'
-    forward-mode check. Refuse them up front with one clear error; vmap and
-    torch.autograd work."""
+    forward-mode check. Refuse them with one clear error before the ops run;
+    vmap and torch.autograd work."""
     if torch.compiler.is_compiling():
         return
     stack = torch._C._functorch.get_interpreter_stack()

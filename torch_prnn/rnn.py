@@ -231,7 +231,6 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                 short = _short.forward(self, input, None if hx is None else [hx], (self.hidden_size,))
                 if short is not None:
                     return short[0], short[1]
-            _refuse_func_autodiff()
         num_directions = 2 if self.bidirectional else 1
         # isinstance and `lengths is not None` (packed input only), not a flag:
         # TorchScript resolves these at compile time, for each input type.
@@ -294,6 +293,8 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             # packed: on the packed data, as nn.RNN runs it
             output, h_n = self._torch_layers(x if lengths is None else data, None if lengths is None else batch_sizes, hx)
         else:
+            if not torch.jit.is_scripting():  # torch's recurrence (above) runs under them, as nn's
+                _recurrent._refuse_func_autodiff("PersistentRNN")
             flip = _time_indices(lengths, steps, x.device)
             states: list[Tensor] = []
             layer_input = x
@@ -367,24 +368,6 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             # All steps' input projections in one GEMM, then the recurrence: one op.
             y, h_n = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         return (_flip(y, flip) if reverse else y), h_n
-
-
-def _refuse_func_autodiff() -> None:
-    """torch.func's autodiff transforms (grad, vjp, jacrev, hessian, jvp,
-    jacfwd) do not see through the autograd of prnn::forward and prnn::layer
-    (C++ torch::autograd::Functions): they fail inside torch or at the ops'
-    forward-mode check. Refuse them up front with one clear error; vmap and
-    torch.autograd work."""
-    if torch.compiler.is_compiling():
-        return
-    stack = torch._C._functorch.get_interpreter_stack()
-    autodiff = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
-    if stack and any(interpreter.key() in autodiff for interpreter in stack):
-        raise RuntimeError(
-            "PersistentRNN does not support torch.func's autodiff transforms (grad, vjp, "
-            "jacrev, hessian, jvp, jacfwd); use torch.autograd (loss.backward(), "
-            "torch.autograd.grad) instead. torch.vmap is supported."
-        )
 
 
 def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
