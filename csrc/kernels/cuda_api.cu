@@ -103,18 +103,10 @@ prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPla
   ElmanRequest request = {pb, input, device, {}};
   st = elman_device(device, &request.dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  for (const ElmanFamily *family : kElmanFamilies) {
-    if (input > 0 && !family->fuses_projection) continue;
-    ElmanPlan answer = {};
-    bool taken = false;
-    st = family->take(request, &answer, &taken);
-    if (st != PRNN_STATUS_SUCCESS) return st;
-    if (taken) {
-      answer.family = family;
-      *out = answer;
-      return PRNN_STATUS_SUCCESS;
-    }
-  }
+  bool taken = false;
+  st = ask_families(kElmanFamilies, request,
+                    [input](const ElmanFamily &family) { return input == 0 || family.fuses_projection; }, out, &taken);
+  if (st != PRNN_STATUS_SUCCESS || taken) return st;
   if (input > 0)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED,
                      "no kernel fuses the input projection of this layer on this device (dtype %d, batch %lld, "

@@ -30,6 +30,30 @@ inline bool kernel_refused(cudaError_t err) {
          err == cudaErrorInvalidClusterSize || err == cudaErrorNotSupported;
 }
 
+/* A kernel as a planner first asks about it: whether the device runs code of
+ * at least compute capability `min_version` (x10) for it (the PTX of older
+ * architectures only traps), then its shared-memory limit set to `smem`. */
+inline cudaError_t prepare_kernel(const void *fn, int min_version, int smem) {
+  cudaFuncAttributes fa;
+  cudaError_t err = cudaFuncGetAttributes(&fa, fn);
+  if (err == cudaSuccess && (fa.binaryVersion < min_version || fa.ptxVersion < min_version))
+    err = cudaErrorNoKernelImageForDevice;
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  return err;
+}
+
+/* A planner's cache of what a kernel holds on a device (*known: 0 not asked
+ * yet, -1 none), after the queries that found `count` ended in `err`: a
+ * refusal (kernel_refused) is remembered as none, any other error returned
+ * uncached. *out: the value remembered. */
+inline prnn_status_t remember_capacity(int *known, cudaError_t err, int count, const char *what, int *out) {
+  if (err != cudaSuccess && !kernel_refused(err)) return cuda_fail(err, what);
+  if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
+  *out = err == cudaSuccess && count >= 1 ? count : -1;
+  __atomic_store_n(known, *out, __ATOMIC_RELEASE);
+  return PRNN_STATUS_SUCCESS;
+}
+
 /* The workspace must hold `needed` bytes and, when any is needed, be aligned
  * to PRNN_WORKSPACE_ALIGNMENT (the kernels read it 16 bytes at a time). */
 inline prnn_status_t check_workspace(const void *workspace, size_t given, size_t needed) {

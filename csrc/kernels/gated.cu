@@ -745,17 +745,9 @@ prnn_status_t plan(const prnn_problem_t *pb, bool backward, int device, GatedPla
   GatedRequest request = {pb, backward, device, {}};
   prnn_status_t st = device_info(device, &request.dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  for (const GatedFamily *family : kGatedFamilies) {
-    GatedPlan answer = {};
-    bool taken = false;
-    st = family->take(request, &answer, &taken);
-    if (st != PRNN_STATUS_SUCCESS) return st;
-    if (taken) {
-      answer.family = family;
-      *out = answer;
-      return PRNN_STATUS_SUCCESS;
-    }
-  }
+  bool taken = false;
+  st = ask_families(kGatedFamilies, request, [](const GatedFamily &) { return true; }, out, &taken);
+  if (st != PRNN_STATUS_SUCCESS || taken) return st;
   return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel runs this problem"); /* the stepwise family takes or fails */
 }
 

@@ -266,10 +266,7 @@ prnn_status_t cluster_room(int device, const prnn_problem_t *pb, bool backward, 
       &g_room[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][backward][k_tiles - 1][ctas];
   *room = __atomic_load_n(known, __ATOMIC_ACQUIRE);
   if (*room != 0) return PRNN_STATUS_SUCCESS;
-  cudaFuncAttributes fa;
-  cudaError_t err = cudaFuncGetAttributes(&fa, fn);
-  if (err == cudaSuccess && (fa.binaryVersion < 90 || fa.ptxVersion < 90)) err = cudaErrorNoKernelImageForDevice;
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t err = prepare_kernel(fn, 90, smem);
   if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   int clusters = 0;
   if (err == cudaSuccess) {
@@ -277,11 +274,7 @@ prnn_status_t cluster_room(int device, const prnn_problem_t *pb, bool backward, 
     const cudaLaunchConfig_t cfg = cluster_launch_config(ctas, ctas, smem, 0, &attr);
     err = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
   }
-  if (err != cudaSuccess && !kernel_refused(err)) return cuda_fail(err, "planning the gated cluster kernel");
-  if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
-  *room = err == cudaSuccess && clusters >= 1 ? clusters : -1;
-  __atomic_store_n(known, *room, __ATOMIC_RELEASE);
-  return PRNN_STATUS_SUCCESS;
+  return remember_capacity(known, err, clusters, "planning the gated cluster kernel", room);
 }
 
 /* Whether the family takes the request: 16 bits, no projection, H up to

@@ -291,17 +291,10 @@ prnn_status_t ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, i
   int *known = &g_per_sm[device][pb->cell == PRNN_CELL_LSTM][pb->dtype == PRNN_DTYPE_BFLOAT16][backward][k_tiles - 1];
   *per_sm = __atomic_load_n(known, __ATOMIC_ACQUIRE);
   if (*per_sm != 0) return PRNN_STATUS_SUCCESS;
-  cudaFuncAttributes fa;
-  cudaError_t err = cudaFuncGetAttributes(&fa, fn);
-  if (err == cudaSuccess && (fa.binaryVersion < 80 || fa.ptxVersion < 80)) err = cudaErrorNoKernelImageForDevice;
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t err = prepare_kernel(fn, 80, smem);
   int blocks = 0;
   if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kMmaThreads, smem);
-  if (err != cudaSuccess && !kernel_refused(err)) return cuda_fail(err, "planning the gated grid kernel");
-  if (err != cudaSuccess) (void)cudaGetLastError(); /* a refusal, not a sticky error: clear it */
-  *per_sm = err == cudaSuccess && blocks >= 1 ? blocks : -1;
-  __atomic_store_n(known, *per_sm, __ATOMIC_RELEASE);
-  return PRNN_STATUS_SUCCESS;
+  return remember_capacity(known, err, blocks, "planning the gated grid kernel", per_sm);
 }
 
 /* Whether the family takes the request: 16 bits, no projection, H up to
