@@ -12,7 +12,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 import torch_prnn
-from conftest import assert_close, devices, twins
+from conftest import assert_close, devices, needs_cuda, twins
 
 TESTED_DTYPES = [torch.float64, torch.float32]
 
@@ -413,3 +413,33 @@ def test_bidirectional_keeps_no_copy_of_the_input(device):
     storages = {t.untyped_storage().data_ptr() for t in layer_inputs}
     assert len(storages) == 2, f"expected one saved input per layer, got {len(storages)} storages"
 
+
+
+@needs_cuda
+@pytest.mark.parametrize("module", [torch_prnn.PersistentRNN, torch_prnn.PersistentLSTM, torch_prnn.PersistentGRU],
+                         ids=lambda m: m.__name__)
+def test_packed_call_never_waits_for_the_gpu(module):
+    """A packed batch's indices reach the GPU without a synchronising copy (a
+    blocking copy from pageable memory waits for every kernel queued before
+    it), forward and backward, with hx, both directions and unsorted lengths."""
+    rnn = module(5, 7, num_layers=2, bidirectional=True, device="cuda")
+    x = torch.randn(6, 4, 5, device="cuda", requires_grad=True)
+    packed = pack_padded_sequence(x, torch.tensor([3, 6, 1, 4]), enforce_sorted=False)
+    h = torch.randn(4, 4, 7, device="cuda", requires_grad=True)
+    hx = (h, torch.randn_like(h)) if module is torch_prnn.PersistentLSTM else h
+    params = list(rnn.parameters())
+
+    def call():
+        output, h_n = rnn(packed, hx)
+        h_n = h_n[0] if isinstance(h_n, tuple) else h_n
+        return torch.autograd.grad(output.data.pow(2).sum() + h_n.sum(), [x, h] + params)
+
+    expected = call()  # warm: plans, the pinned-memory pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for got, want in zip(grads, expected):  # the same call's gradients
+        torch.testing.assert_close(got, want)
