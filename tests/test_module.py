@@ -443,3 +443,22 @@ def test_packed_call_never_waits_for_the_gpu(module):
         torch.cuda.set_sync_debug_mode(0)
     for got, want in zip(grads, expected):  # the same call's gradients
         torch.testing.assert_close(got, want)
+
+
+@needs_cuda
+@pytest.mark.parametrize("scripted", [False, True])
+def test_packed_capture_is_refused_clearly(scripted):
+    """A packed call's lengths are host data, which a CUDA graph's replay
+    would not read again: capturing one is refused with a clear error (the
+    module's index copy in eager, the op's lengths copy under TorchScript)."""
+    rnn = torch_prnn.PersistentRNN(5, 7, device="cuda")
+    rnn = torch.jit.script(rnn) if scripted else rnn
+    packed = pack_padded_sequence(torch.randn(6, 4, 5, device="cuda"), torch.tensor([6, 4, 3, 1]))
+    rnn(packed)  # warm, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        with torch.cuda.graph(graph):
+            rnn(packed)
+    torch.cuda.synchronize()
+    assert torch.equal(rnn(packed)[0].data, rnn(packed)[0].data)  # the device still works

@@ -625,8 +625,16 @@ def to_device_queued(host: Tensor, device: torch.device) -> Tensor:
     """A CPU tensor copied to `device` without waiting for the GPU: a blocking
     copy from pageable memory synchronises the stream (the host would wait for
     every kernel queued before it, each packed call), one from pinned memory
-    is queued on the stream. Traced by torch.compile: the plain copy."""
+    is queued on the stream. Not under CUDA graph capture: a replay would copy
+    again from a host buffer reused by then. Traced by torch.compile: the
+    plain copy."""
     if device.type == "cuda" and not torch.compiler.is_compiling():
+        if not torch.jit.is_scripting():  # scripted: the op's own lengths copy refuses it
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "packed input cannot be captured in a CUDA graph: its lengths are host data, which a "
+                    "replay would not read again; capture padded input"
+                )
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
 
