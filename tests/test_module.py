@@ -462,3 +462,46 @@ def test_packed_capture_is_refused_clearly(scripted):
             rnn(packed)
     torch.cuda.synchronize()
     assert torch.equal(rnn(packed)[0].data, rnn(packed)[0].data)  # the device still works
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_backward_asks_for_h0s_gradient_only_where_h0_needs_one(device, bias, bidirectional):
+    """prnn::backward computes grad_h0 (a GEMM) only where h0 requires a
+    gradient: hx=None and a hx that requires none skip it; every gradient
+    the caller asks for still matches nn.RNN's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BackwardCalls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.h0_grad = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.prnn.backward.default:
+                self.h0_grad.append(args[6] if len(args) > 6 else kwargs.get("h0_grad", True))
+            return func(*args, **kwargs)
+
+    ours, reference = twins(device, torch.float64, bias=bias, bidirectional=bidirectional)
+    directions = 2 if bidirectional else 1
+    for hx_kind in ("none", "constant", "leaf"):
+        x = torch.randn(5, 3, 4, dtype=torch.float64, device=device, requires_grad=True)
+        hx = None if hx_kind == "none" else torch.randn(directions, 3, 7, dtype=torch.float64, device=device,
+                                                          requires_grad=hx_kind == "leaf")
+        leaves = [x] + ([hx] if hx_kind == "leaf" else [])
+        results = []
+        for module, mode in ((ours, BackwardCalls()), (reference, None)):
+            params = list(module.parameters())
+            if mode is not None:
+                with mode:
+                    output, h_n = module(x, hx)
+                    grads = torch.autograd.grad((output * output).sum() + h_n.sum(), leaves + params)
+                assert mode.h0_grad == [hx_kind == "leaf"] * directions, (hx_kind, mode.h0_grad)
+            else:
+                output, h_n = module(x, hx)
+                grads = torch.autograd.grad((output * output).sum() + h_n.sum(), leaves + params)
+            results.append(grads)
+        for got, want in zip(*results, strict=True):
+            assert_close(got, want, torch.float64, hx_kind)

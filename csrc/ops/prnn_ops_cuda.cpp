@@ -98,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity, bool h0_grad) {
   const char* op = "prnn::backward";
   const prnn_problem_t problem = check_backward(grad_y, y, h0, w_hh, lengths, nonlinearity);
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
@@ -115,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     check_status(op, prnn_backward_data_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                              current_stream()));
   }
-  return finish_backward(grad_xp, y, h0, w_hh, lengths);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths, h0_grad);
 }
 
 // prnn::lstm and prnn::gru on CUDA, as gated_forward_cpu: (y, h_n, c_n, saved).
