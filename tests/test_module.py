@@ -12,7 +12,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 import torch_prnn
-from conftest import assert_close, devices, twins
+from conftest import assert_close, devices, needs_cuda, twins
 
 TESTED_DTYPES = [torch.float64, torch.float32]
 
@@ -413,3 +413,95 @@ def test_bidirectional_keeps_no_copy_of_the_input(device):
     storages = {t.untyped_storage().data_ptr() for t in layer_inputs}
     assert len(storages) == 2, f"expected one saved input per layer, got {len(storages)} storages"
 
+
+
+@needs_cuda
+@pytest.mark.parametrize("module", [torch_prnn.PersistentRNN, torch_prnn.PersistentLSTM, torch_prnn.PersistentGRU],
+                         ids=lambda m: m.__name__)
+def test_packed_call_never_waits_for_the_gpu(module):
+    """A packed batch's indices reach the GPU without a synchronising copy (a
+    blocking copy from pageable memory waits for every kernel queued before
+    it), forward and backward, with hx, both directions and unsorted lengths."""
+    rnn = module(5, 7, num_layers=2, bidirectional=True, device="cuda")
+    x = torch.randn(6, 4, 5, device="cuda", requires_grad=True)
+    packed = pack_padded_sequence(x, torch.tensor([3, 6, 1, 4]), enforce_sorted=False)
+    h = torch.randn(4, 4, 7, device="cuda", requires_grad=True)
+    hx = (h, torch.randn_like(h)) if module is torch_prnn.PersistentLSTM else h
+    params = list(rnn.parameters())
+
+    def call():
+        output, h_n = rnn(packed, hx)
+        h_n = h_n[0] if isinstance(h_n, tuple) else h_n
+        return torch.autograd.grad(output.data.pow(2).sum() + h_n.sum(), [x, h] + params)
+
+    expected = call()  # warm: plans, the pinned-memory pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for got, want in zip(grads, expected):  # the same call's gradients
+        torch.testing.assert_close(got, want)
+
+
+@needs_cuda
+@pytest.mark.parametrize("scripted", [False, True])
+def test_packed_capture_is_refused_clearly(scripted):
+    """A packed call's lengths are host data, which a CUDA graph's replay
+    would not read again: capturing one is refused with a clear error (the
+    module's index copy in eager, the op's lengths copy under TorchScript)."""
+    rnn = torch_prnn.PersistentRNN(5, 7, device="cuda")
+    rnn = torch.jit.script(rnn) if scripted else rnn
+    packed = pack_padded_sequence(torch.randn(6, 4, 5, device="cuda"), torch.tensor([6, 4, 3, 1]))
+    rnn(packed)  # warm, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        with torch.cuda.graph(graph):
+            rnn(packed)
+    torch.cuda.synchronize()
+    assert torch.equal(rnn(packed)[0].data, rnn(packed)[0].data)  # the device still works
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_backward_asks_for_h0s_gradient_only_where_h0_needs_one(device, bias, bidirectional):
+    """prnn::backward computes grad_h0 (a GEMM) only where h0 requires a
+    gradient: hx=None and a hx that requires none skip it; every gradient
+    the caller asks for still matches nn.RNN's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BackwardCalls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.h0_grad = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.prnn.backward.default:
+                self.h0_grad.append(args[6] if len(args) > 6 else kwargs.get("h0_grad", True))
+            return func(*args, **kwargs)
+
+    ours, reference = twins(device, torch.float64, bias=bias, bidirectional=bidirectional)
+    directions = 2 if bidirectional else 1
+    for hx_kind in ("none", "constant", "leaf"):
+        x = torch.randn(5, 3, 4, dtype=torch.float64, device=device, requires_grad=True)
+        hx = None if hx_kind == "none" else torch.randn(directions, 3, 7, dtype=torch.float64, device=device,
+                                                          requires_grad=hx_kind == "leaf")
+        leaves = [x] + ([hx] if hx_kind == "leaf" else [])
+        results = []
+        for module, mode in ((ours, BackwardCalls()), (reference, None)):
+            params = list(module.parameters())
+            if mode is not None:
+                with mode:
+                    output, h_n = module(x, hx)
+                    grads = torch.autograd.grad((output * output).sum() + h_n.sum(), leaves + params)
+                assert mode.h0_grad == [hx_kind == "leaf"] * directions, (hx_kind, mode.h0_grad)
+            else:
+                output, h_n = module(x, hx)
+                grads = torch.autograd.grad((output * output).sum() + h_n.sum(), leaves + params)
+            results.append(grads)
+        for got, want in zip(*results, strict=True):
+            assert_close(got, want, torch.float64, hx_kind)

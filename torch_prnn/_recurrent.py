@@ -609,7 +609,7 @@ def _pad(data: Tensor, batch_sizes: Tensor):
     steps, batch = batch_sizes.numel(), int(batch_sizes[0])
     valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
     lengths = valid.sum(0)
-    rows = valid.flatten().nonzero().squeeze(1).to(data.device)
+    rows = to_device_queued(valid.flatten().nonzero().squeeze(1), data.device)
     padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
     return padded.view(steps, batch, data.shape[-1]), lengths, rows
 
@@ -618,7 +618,25 @@ def _flip_index(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
     """The step index [T,B,1] that reverses each sequence within its length
     (padding stays in place)."""
     t = torch.arange(steps).unsqueeze(1)
-    return torch.where(t < lengths, lengths - 1 - t, t).unsqueeze(-1).to(device)
+    return to_device_queued(torch.where(t < lengths, lengths - 1 - t, t).unsqueeze(-1), device)
+
+
+def to_device_queued(host: Tensor, device: torch.device) -> Tensor:
+    """A CPU tensor copied to `device` without waiting for the GPU: a blocking
+    copy from pageable memory synchronises the stream (the host would wait for
+    every kernel queued before it, each packed call), one from pinned memory
+    is queued on the stream. Not under CUDA graph capture: a replay would copy
+    again from a host buffer reused by then. Traced by torch.compile: the
+    plain copy."""
+    if device.type == "cuda" and not torch.compiler.is_compiling():
+        if not torch.jit.is_scripting():  # scripted: the op's own lengths copy refuses it
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "packed input cannot be captured in a CUDA graph: its lengths are host data, which a "
+                    "replay would not read again; capture padded input"
+                )
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def _layer_dropout(x: Tensor, p: float, rows: Tensor | None) -> Tensor:

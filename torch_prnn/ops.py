@@ -72,11 +72,11 @@ def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
 
 
 @torch.library.register_fake("prnn::backward")
-def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity):
+def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity, h0_grad=True):
     _check_devices(
         "prnn::backward", "y", y, (("h0", h0), ("w_hh", w_hh), ("grad_y", grad_y)), lengths
     )
-    return y.new_empty(y.shape), h0.new_empty(h0.shape), w_hh.new_empty(w_hh.shape)
+    return y.new_empty(y.shape), h0.new_empty(h0.shape if h0_grad else (0,)), w_hh.new_empty(w_hh.shape)
 
 
 @torch.library.register_fake("prnn::lstm")

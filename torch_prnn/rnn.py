@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _crossover, _recurrent, _short
+from ._recurrent import to_device_queued
 
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
@@ -393,7 +394,7 @@ def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor,
         lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
     else:
         lengths, index = _packed_rows(batch_sizes, batch, rows)
-    index = index.to(data.device)
+    index = to_device_queued(index, data.device)
     padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
     return padded.view(steps, batch, data.shape[-1]), lengths, index
 
@@ -439,7 +440,7 @@ def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> T
         return None
     t = torch.arange(steps).unsqueeze(1)
     flip = torch.where(t < lengths, lengths - 1 - t, t)
-    return flip.unsqueeze(-1).to(device)
+    return to_device_queued(flip.unsqueeze(-1), device)
 
 
 def _flip(x: Tensor, flip: Tensor | None) -> Tensor:

@@ -50,17 +50,19 @@ at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& gra
 // prnn::backward for the gradients of both outputs of prnn::forward and
 // prnn::layer, y and h_n (undefined where the loss does not use one). h_n's
 // gradient joins y's at each sequence's last step, or goes to h0's where a
-// sequence has no step. Returns grad_xp, grad_h0, grad_w_hh.
+// sequence has no step. Returns grad_xp, grad_h0 (undefined without
+// h0_grad: h0 needs none, and its GEMM is skipped), grad_w_hh.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_backward(
     const at::Tensor& grad_y, const at::Tensor& grad_h_n, const at::Tensor& y, const at::Tensor& h0,
     const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
-    c10::string_view nonlinearity) {
+    c10::string_view nonlinearity, bool h0_grad) {
   if (!grad_y.defined() && !grad_h_n.defined()) return {};
   const bool has_steps = y.sym_size(0) != 0;
   at::Tensor grad = grad_h_n.defined() && has_steps
                         ? with_final_state_grad(grad_y, grad_h_n, y, lengths)
                         : grad_y.defined() ? grad_y : at::zeros_symint(y.sym_sizes(), y.options());
-  auto [grad_xp, grad_h0, grad_w_hh] = call_backward(grad, y, h0, w_hh, lengths, nonlinearity);
+  auto [grad_xp, grad_h0, grad_w_hh] = call_backward(grad, y, h0, w_hh, lengths, nonlinearity, h0_grad);
+  if (!h0_grad) return {grad_xp, at::Tensor(), grad_w_hh};
   if (grad_h_n.defined() && !has_steps) {
     grad_h0 = grad_h0 + grad_h_n;
   } else if (grad_h_n.defined() && lengths.has_value()) {
@@ -95,7 +97,7 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
     const variable_list saved = ctx->get_saved_variables();  // h0, w_hh, y, lengths
     auto [grad_xp, grad_h0, grad_w_hh] =
         recurrence_backward(grads[0], grads[1], saved[2], saved[0], saved[1], lengths_of(saved[3]),
-                            ctx->saved_data["nonlinearity"].toStringRef());
+                            ctx->saved_data["nonlinearity"].toStringRef(), ctx->needs_input_grad(1));
     // One gradient per forward argument: lengths and nonlinearity have none.
     return {grad_xp, grad_h0, grad_w_hh, at::Tensor(), at::Tensor()};
   }
@@ -127,11 +129,11 @@ class LayerFunction : public torch::autograd::Function<LayerFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();  // x, w_ih, h0, w_hh, y, lengths
     const at::Tensor &x = saved[0], &w_ih = saved[1];
-    auto [grad_xp, grad_h0, grad_w_hh] =
-        recurrence_backward(grads[0], grads[1], saved[4], saved[2], saved[3], lengths_of(saved[5]),
-                            ctx->saved_data["nonlinearity"].toStringRef());
     // Autograd's edges are the tensor arguments present: x, w_ih, [b_ih, b_hh,] h0, w_hh.
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    auto [grad_xp, grad_h0, grad_w_hh] = recurrence_backward(
+        grads[0], grads[1], saved[4], saved[2], saved[3], lengths_of(saved[5]),
+        ctx->saved_data["nonlinearity"].toStringRef(), ctx->needs_input_grad(has_bias ? 4 : 2));
     at::Tensor grad_x, grad_w_ih, grad_b_ih, grad_b_hh;
     if (grad_xp.defined()) {
       const at::Tensor rows = as_rows(grad_xp);  // [T*B, H]

@@ -131,20 +131,20 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& xp, const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity, bool h0_grad) {
   const char* op = "prnn::backward";
   const prnn_problem_t problem = check_backward(grad_y, y, h0, w_hh, lengths, nonlinearity);
   if (is_reduced_precision(y)) {
     const auto [grad_xp, grad_h0, grad_w_hh] =
         backward_cpu(grad_y.to(at::kFloat), y.to(at::kFloat), h0.to(at::kFloat),
-                     w_hh.to(at::kFloat), lengths, nonlinearity);
+                     w_hh.to(at::kFloat), lengths, nonlinearity, h0_grad);
     const at::ScalarType type = y.scalar_type();
     return {grad_xp.to(type), grad_h0.to(type), grad_w_hh.to(type)};
   }
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   if (!is_empty(problem) && !use_cpu_reference()) {
     const at::Tensor grad_xp = backward_data_aten(grad_y, y, w_hh, lengths, problem.activation);
-    return finish_backward(grad_xp, y, h0, w_hh, lengths);
+    return finish_backward(grad_xp, y, h0, w_hh, lengths, h0_grad);
   }
   at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
   if (!is_empty(problem)) {
@@ -156,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const prnn_backward_args_t args = backward_args(grad_y_, y_, w_hh_, host_lengths32, grad_xp);
     check_status(op, prnn_backward_data_cpu(&problem, &args, workspace_ptr(ws), plan.workspace_bytes));
   }
-  return finish_backward(grad_xp, y, h0, w_hh, lengths);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths, h0_grad);
 }
 
 prnn_status_t plan_for_device(const char* op, prnn_problem_t problem, prnn_pass_t pass,
@@ -352,15 +352,15 @@ struct BackwardDispatch {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity, bool h0_grad) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("prnn::backward", "")
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const std::optional<at::Tensor>&, c10::string_view)>();
+              const std::optional<at::Tensor>&, c10::string_view, bool)>();
   const BackwardDispatch dispatch;
-  return op.call(grad_y, y, h0, w_hh, lengths, nonlinearity);
+  return op.call(grad_y, y, h0, w_hh, lengths, nonlinearity, h0_grad);
 }
 
 prnn_problem_t check_forward(const at::Tensor& xp, const at::Tensor& h0, const at::Tensor& w_hh,
@@ -450,13 +450,15 @@ void check_status(const char* op, prnn_status_t status) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
     const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths) {
+    const std::optional<at::Tensor>& lengths, bool h0_grad) {
   const int64_t T = grad_xp.size(0);
+  const auto none = [&] { return at::empty({0}, h0.options()); };
   if (T == 0) {
-    return {grad_xp, at::zeros(h0.sizes(), h0.options()), at::zeros(w_hh.sizes(), w_hh.options())};
+    return {grad_xp, h0_grad ? at::zeros(h0.sizes(), h0.options()) : none(),
+            at::zeros(w_hh.sizes(), w_hh.options())};
   }
-  const at::Tensor delta0 = grad_xp.select(0, 0);  // batch x hidden
-  return {grad_xp, delta0.mm(w_hh), recurrent_weight_grad(grad_xp, y, h0, lengths)};
+  const at::Tensor grad_h0 = h0_grad ? grad_xp.select(0, 0).mm(w_hh) : none();  // delta_0 w_hh
+  return {grad_xp, grad_h0, recurrent_weight_grad(grad_xp, y, h0, lengths)};
 }
 
 at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, const at::Tensor& h0,
@@ -894,7 +896,7 @@ TORCH_LIBRARY(prnn, m) {
       "-> (Tensor y, Tensor h_n)");
   m.def(
       "backward(Tensor grad_y, Tensor y, Tensor h0, Tensor w_hh, Tensor? lengths, "
-      "str nonlinearity) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh)");
+      "str nonlinearity, bool h0_grad=True) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh)");
   // What PersistentRNN runs per layer (forward direction): x [T,B,I] -> (y [T,B,H],
   // h_n [B,H]), with xp = x w_ih^T + b_ih + b_hh. One op (one autograd node)
   // instead of the projection's and the recurrence's: host time the GPU waits

@@ -71,10 +71,11 @@ void check_status(const char* op, prnn_status_t status);
 
 // The rest of prnn::backward from delta = grad_xp [T,B,H], on any device:
 //   grad_w_hh = sum_t delta_t^T s_{t-1} (s_{-1} = h0, s_t = y_t; no term past a
-//   sequence's length),  grad_h0 = delta_0 w_hh.
+//   sequence's length),  grad_h0 = delta_0 w_hh (a [0] tensor, its GEMM
+//   skipped, without h0_grad).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
     const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths);
+    const std::optional<at::Tensor>& lengths, bool h0_grad);
 
 // A host tensor on `device` (itself on the CPU), copied without waiting for
 // the kernels queued on the stream: staged through pinned memory, as from
@@ -109,7 +110,7 @@ std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& xp, const at::
                                                 c10::string_view nonlinearity);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity);
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity, bool h0_grad);
 
 // ---- The gated cells: prnn::lstm, prnn::gru and their backward ops ----
 // LSTM's arguments as prnn::lstm takes them; a GRU has no c0 (undefined) and

@@ -1,6 +1,7 @@
 // prnn_ops_cuda.cpp - the CUDA impls of the prnn:: ops (built only with
 // CUDA). Like the CPU impls, but under a device guard, on
 // PyTorch's current stream, with lengths copied to the device.
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -15,9 +16,18 @@ prnn_stream_t current_stream() {
   return static_cast<prnn_stream_t>(c10::cuda::getCurrentCUDAStream().stream());
 }
 
-// The kernels read lengths from device memory: a copy on x's device.
-at::Tensor on_device(const at::Tensor& host_lengths32, const at::Tensor& x) {
-  return host_lengths32.defined() ? host_lengths32.to(x.device()) : host_lengths32;
+// The kernels read lengths from device memory: a copy on x's device, queued
+// on the stream from pinned memory (a blocking copy from pageable memory
+// would wait for every kernel queued before it). Not under CUDA graph
+// capture: a replay would copy again from a host buffer reused by then.
+at::Tensor on_device(const char* op, const at::Tensor& host_lengths32, const at::Tensor& x) {
+  if (!host_lengths32.defined()) return host_lengths32;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), &capture));
+  TORCH_CHECK(capture == cudaStreamCaptureStatusNone, op,
+              ": lengths (packed input) cannot be captured in a CUDA graph: they are host data, which a "
+              "replay would not read again; capture padded input");
+  return to_device_async(host_lengths32, x.device());
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::Tensor& h0,
@@ -31,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const c10::cuda::CUDAGuard guard(xp.device());
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
-  const at::Tensor lengths32 = on_device(host_lengths32, xp);
+  const at::Tensor lengths32 = on_device(op, host_lengths32, xp);
   if (is_empty(problem)) return {y, final_state(y, h0, lengths)};
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
@@ -65,7 +75,7 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
 
   const at::Tensor host_lengths32 = host_lengths("prnn::forward", lengths, problem);  // its messages
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, x.options());
-  const at::Tensor lengths32 = on_device(host_lengths32, x);
+  const at::Tensor lengths32 = on_device(op, host_lengths32, x);
   const at::Tensor x_ = unit_last_stride(x), w_ih_ = unit_last_stride(w_ih), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
   const at::Tensor b_ih_ = b_ih ? b_ih->contiguous() : at::Tensor(),
@@ -88,13 +98,13 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_y, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
-    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity) {
+    const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity, bool h0_grad) {
   const char* op = "prnn::backward";
   const prnn_problem_t problem = check_backward(grad_y, y, h0, w_hh, lengths, nonlinearity);
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const c10::cuda::CUDAGuard guard(y.device());
   at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
-  const at::Tensor lengths32 = on_device(host_lengths32, y);
+  const at::Tensor lengths32 = on_device(op, host_lengths32, y);
   if (!is_empty(problem)) {
     const at::Tensor grad_y_ = unit_last_stride(grad_y), y_ = y.contiguous(),
                      w_hh_ = unit_last_stride(w_hh);
@@ -105,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     check_status(op, prnn_backward_data_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                              current_stream()));
   }
-  return finish_backward(grad_xp, y, h0, w_hh, lengths);
+  return finish_backward(grad_xp, y, h0, w_hh, lengths, h0_grad);
 }
 
 // prnn::lstm and prnn::gru on CUDA, as gated_forward_cpu: (y, h_n, c_n, saved).
@@ -117,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cuda(
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const c10::cuda::CUDAGuard guard(xp.device());
   const GatedForwardCall call = gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr,
-                                                   on_device(host_lengths32, xp), save);
+                                                   on_device(op, host_lengths32, xp), save);
   if (!is_empty(problem)) {
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
@@ -140,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
   const c10::cuda::CUDAGuard guard(y.device());
   const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
-                                                     saved, w_hh, w_hr, on_device(host_lengths32, y));
+                                                     saved, w_hh, w_hr, on_device(op, host_lengths32, y));
   if (!is_empty(problem)) {
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
