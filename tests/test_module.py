@@ -423,8 +423,12 @@ def test_packed_call_never_waits_for_the_gpu(module):
     blocking copy from pageable memory waits for every kernel queued before
     it), forward and backward, with hx, both directions and unsorted lengths."""
     rnn = module(5, 7, num_layers=2, bidirectional=True, device="cuda")
-    x = torch.randn(6, 4, 5, device="cuda", requires_grad=True)
-    packed = pack_padded_sequence(x, torch.tensor([3, 6, 1, 4]), enforce_sorted=False)
+    # Packed outside the timed calls (packing unsorted lengths copies its
+    # permutation to the GPU), its rows a leaf of their own, so each call's
+    # backward has a graph of its own.
+    packed = pack_padded_sequence(torch.randn(6, 4, 5, device="cuda"), torch.tensor([3, 6, 1, 4]),
+                                  enforce_sorted=False)
+    packed = PackedSequence(packed.data.requires_grad_(), *packed[1:])
     h = torch.randn(4, 4, 7, device="cuda", requires_grad=True)
     hx = (h, torch.randn_like(h)) if module is torch_prnn.PersistentLSTM else h
     params = list(rnn.parameters())
@@ -432,7 +436,7 @@ def test_packed_call_never_waits_for_the_gpu(module):
     def call():
         output, h_n = rnn(packed, hx)
         h_n = h_n[0] if isinstance(h_n, tuple) else h_n
-        return torch.autograd.grad(output.data.pow(2).sum() + h_n.sum(), [x, h] + params)
+        return torch.autograd.grad(output.data.pow(2).sum() + h_n.sum(), [packed.data, h] + params)
 
     expected = call()  # warm: plans, the pinned-memory pool
     torch.cuda.synchronize()
@@ -445,14 +449,24 @@ def test_packed_call_never_waits_for_the_gpu(module):
         torch.testing.assert_close(got, want)
 
 
+class PackedCall(torch.nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: PackedSequence):
+        return self.rnn(x)
+
+
 @needs_cuda
+@pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning")
 @pytest.mark.parametrize("scripted", [False, True])
 def test_packed_capture_is_refused_clearly(scripted):
     """A packed call's lengths are host data, which a CUDA graph's replay
     would not read again: capturing one is refused with a clear error (the
     module's index copy in eager, the op's lengths copy under TorchScript)."""
-    rnn = torch_prnn.PersistentRNN(5, 7, device="cuda")
-    rnn = torch.jit.script(rnn) if scripted else rnn
+    rnn = PackedCall(torch_prnn.PersistentRNN(5, 7, device="cuda"))
+    rnn = torch.jit.script(rnn) if scripted else rnn  # a call site of one input type, as nn's
     packed = pack_padded_sequence(torch.randn(6, 4, 5, device="cuda"), torch.tensor([6, 4, 3, 1]))
     rnn(packed)  # warm, outside the capture
     torch.cuda.synchronize()
