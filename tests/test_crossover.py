@@ -42,7 +42,12 @@ def test_limits_follow_the_measurements():
     assert not faster("lstm", torch.float32, "cuda", 16, 1024)
     assert not faster("rnn", torch.float32, "cuda", 128, 512)  # the Elman cluster tier
     assert faster("rnn", torch.float32, "cuda", 256, 512)
-    assert not faster("rnn", torch.bfloat16, "cuda", 1024, 1024)
+    assert not faster("rnn", torch.bfloat16, "cuda", 256, 1024)  # 16-bit Elman: waves from B = 512
+    assert faster("rnn", torch.bfloat16, "cuda", 512, 1024)
+    assert not faster("rnn", torch.bfloat16, "cuda", 1024, 512)
+    assert not faster("rnn", torch.bfloat16, "cuda", 1024, 256)
+    assert not faster("rnn", torch.float16, "cuda", 128, 256)  # cuDNN's float16 persistent kernel
+    assert faster("rnn", torch.float16, "cuda", 256, 256, training=True)
     assert faster("gru", torch.float32, "cuda", 4, 2048)  # past the persistent gated kernels
     # Elman past H = 2048: one launch a step in float32, W_hh in shared memory in 16 bits to 3072
     assert not faster("rnn", torch.float32, "cuda", 16, 2048)

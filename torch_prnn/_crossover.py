@@ -34,13 +34,21 @@ _CUDA_LIMITS = {
     # (H 2560-4096, bench/bench.py --large, bench/results/NVIDIA_H200.large.json).
     ("rnn", "float32", False): ((384, 32), (768, 128), (1536, 32), (2048, 16)),
     ("rnn", "float32", True): ((384, 32), (768, 128), (1536, 32), (2048, 16)),
-    # Elman, 16-bit: tensor-core kernels, ahead at every batch measured up to
-    # H = 1024 (B = 256: 1.8x); H = 2048 B = 32 even (0.98-1.04), B = 64 0.4-0.6x.
-    # H 2560-3072 (W_hh in shared memory): 1.5-1.8x at B = 8, 0.7-1.0x at
-    # B = 16, forward and training (cluster tier off: 1.1-1.5x, 0.5-0.7x);
-    # H = 4096 (one launch a step) 0.1-1.0x. Measured in bfloat16.
-    ("rnn", "16-bit", False): ((1536, _INF), (2048, 16), (3072, 8)),
-    ("rnn", "16-bit", True): ((1536, _INF), (2048, 16), (3072, 8)),
+    # Elman, 16-bit: tensor-core kernels. The clusters the GPU holds run a
+    # large batch in waves: at H = 1024 ahead to B = 256 (1.3-2.1x) and behind
+    # from B = 512 (forward 0.67-0.91x, B = 1024 0.45-0.83x); in float16 at
+    # H = 256 behind from B = 256 at T = 16 (0.92x) and from B = 512 at every T
+    # (0.64-0.97x; cuDNN's float16 there is its persistent kernel), bfloat16
+    # there ahead at every B (3.2-4.8x at B = 512-1024); H = 512 ahead at every
+    # B in both (1.1-2.6x at B = 1024). H 1025-1536 was not swept: its limit
+    # lies between those of H = 1024 and 2048. H = 2048 B = 32 even
+    # (0.98-1.04), B = 64 0.4-0.6x. H 2560-3072 (W_hh in shared memory):
+    # 1.5-1.8x at B = 8, 0.7-1.0x at B = 16, forward and training (cluster
+    # tier off: 1.1-1.5x, 0.5-0.7x); H = 4096 (one launch a step) 0.1-1.0x.
+    ("rnn", "bfloat16", False): ((512, _INF), (1024, 256), (1536, 64), (2048, 16), (3072, 8)),
+    ("rnn", "bfloat16", True): ((512, _INF), (1024, 256), (1536, 64), (2048, 16), (3072, 8)),
+    ("rnn", "float16", False): ((256, 128), (512, _INF), (1024, 256), (1536, 64), (2048, 16), (3072, 8)),
+    ("rnn", "float16", True): ((256, 128), (512, _INF), (1024, 256), (1536, 64), (2048, 16), (3072, 8)),
     # LSTM: ours below nn.LSTM from B * H = 32K (B = 64 H = 512: 0.84-0.94x,
     # B = 32 H = 1024: 0.43-0.67x); float32 training at H = 1024 already at
     # B = 16 (0.77x).
@@ -143,7 +151,7 @@ def run_torch(module, x, batch_sizes, hx, weights, batch_first: bool = False):
 
 
 def _dtype_class(cell: str, dtype: torch.dtype) -> str:
-    if cell != "lstm":
+    if cell == "gru":
         return "float32" if dtype == torch.float32 else "16-bit"
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
