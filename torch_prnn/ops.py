@@ -29,10 +29,85 @@ def _check_devices(op, x_name, x, others, lengths):
         )
 
 
+# The real kernels' shape, dtype and nonlinearity checks (csrc/ops/prnn_ops.cpp:
+# check_problem, check_input_projection, check_gated_forward / _backward),
+# with their messages and exception types, on sizes that may be symbolic, so
+# that tracing or a meta call fails where running would. Values (lengths in
+# [0, steps]) are data, which only the real kernels check.
+_FLOAT_TYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
+
+_OTHER_TYPES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+                torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                torch.complex128: "ComplexDouble"}
+
+
+def _type_name(dtype):
+    """A dtype as the C++ checks print it (c10's ScalarType names)."""
+    return _FLOAT_TYPES.get(dtype) or _OTHER_TYPES.get(dtype) or str(dtype).replace("torch.", "")
+
+
+def _check_rank(op, name, t, rank, dims):
+    torch._check(t.dim() == rank, lambda: f"{op}: {name} must be {rank}-D {dims}, got {t.dim()}-D {list(t.shape)}")
+
+
+def _check_float(op, name, t):
+    torch._check(
+        t.dtype in _FLOAT_TYPES,
+        lambda: f"{op}: {name} must be float32, float64, float16 or bfloat16, got {_type_name(t.dtype)}",
+    )
+
+
+def _check_dtype_like(op, name, t, ref_name, ref):
+    torch._check(
+        t.dtype == ref.dtype,
+        lambda: f"{op}: {name} must have the dtype of {ref_name} ({_type_name(ref.dtype)}), got {_type_name(t.dtype)}",
+    )
+
+
+def _check_shape(op, name, t, shape, words):
+    """t's sizes are `shape`; words: the expected shape as the message says it."""
+    torch._check(
+        t.dim() == len(shape) and all(a == b for a, b in zip(t.shape, shape)),
+        lambda: f"{op}: {name} must have shape {words}, got {list(t.shape)}",
+    )
+
+
+def _check_lengths(op, lengths, batch):
+    if lengths is None:
+        return
+    torch._check(lengths.dtype == torch.int64, lambda: f"{op}: lengths must be int64, got {_type_name(lengths.dtype)}")
+    _check_shape(op, "lengths", lengths, (batch,), f"[batch={batch}]")
+
+
+def _check_nonlinearity(op, nonlinearity):
+    torch._check_value(
+        nonlinearity in ("tanh", "relu"), lambda: f"{op}: nonlinearity must be 'tanh' or 'relu', got '{nonlinearity}'"
+    )
+
+
+def _check_problem(op, x_name, x, h0, w_hh, lengths, nonlinearity, sizes=None):
+    """check_problem's: h0 [B, H] and w_hh [H, H] against x [T, B, H] (sizes
+    gives them where x is not that: a layer's x [T, B, I]). Returns (T, B, H)."""
+    if sizes is None:
+        _check_rank(op, x_name, x, 3, "[steps, batch, hidden]")
+    _check_float(op, x_name, x)
+    _check_rank(op, "h0", h0, 2, "[batch, hidden]")
+    _check_rank(op, "w_hh", w_hh, 2, "[hidden, hidden]")
+    _check_dtype_like(op, "h0", h0, x_name, x)
+    _check_dtype_like(op, "w_hh", w_hh, x_name, x)
+    steps, batch, hidden = sizes if sizes is not None else x.shape
+    _check_shape(op, "h0", h0, (batch, hidden), f"[batch={batch}, hidden={hidden}]")
+    _check_shape(op, "w_hh", w_hh, (hidden, hidden), f"[hidden={hidden}, hidden={hidden}]")
+    _check_nonlinearity(op, nonlinearity)
+    _check_lengths(op, lengths, batch)
+    return steps, batch, hidden
+
+
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
     _check_devices("prnn::forward", "xp", xp, (("h0", h0), ("w_hh", w_hh)), lengths)
-    return _outputs(xp, xp.shape[0], xp.shape[1], xp.shape[2])
+    return _outputs(xp, *_check_problem("prnn::forward", "xp", xp, h0, w_hh, lengths, nonlinearity))
 
 
 def _outputs(like, steps, batch, hidden):
@@ -43,67 +118,170 @@ def _outputs(like, steps, batch, hidden):
 
 @torch.library.register_fake("prnn::layer")
 def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
+    op = "prnn::layer"
     projection = [("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh)]
-    _check_devices("prnn::layer", "x", x, [(n, t) for n, t in projection if t is not None], None)
+    _check_devices(op, "x", x, [(n, t) for n, t in projection if t is not None], None)
     # The recurrence's with prnn::forward's messages, as the real kernels raise them (xp is on x's device).
     _check_devices("prnn::forward", "xp", x, (("h0", h0), ("w_hh", w_hh)), lengths)
-    # The shapes the real kernels check, so that tracing fails where running would.
-    torch._check(x.dim() == 3, lambda: f"prnn::layer: x must be 3-D [steps, batch, input], got {x.dim()}-D")
-    torch._check(
-        w_ih.dim() == 2 and w_ih.shape[1] == x.shape[2],
-        lambda: f"prnn::layer: w_ih must have shape [hidden, input={x.shape[2]}], got {list(w_ih.shape)}",
-    )
-    torch._check(
-        (b_ih is None) == (b_hh is None),
-        lambda: "prnn::layer: b_ih and b_hh must both be tensors or both be None",
-    )
+    _check_rank(op, "x", x, 3, "[steps, batch, input]")
+    _check_float(op, "x", x)
+    _check_rank(op, "w_ih", w_ih, 2, "[hidden, input]")
+    _check_dtype_like(op, "w_ih", w_ih, "x", x)
     steps, batch, hidden = x.shape[0], x.shape[1], w_ih.shape[0]
-    for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
-        torch._check(
-            b is None or b.shape == (hidden,),
-            lambda: f"prnn::layer: {name} must have shape [hidden={hidden}], got {list(b.shape)}",
-        )
     torch._check(
-        h0.shape == (batch, hidden) and w_hh.shape == (hidden, hidden),
-        lambda: f"prnn::layer: h0 must be [batch={batch}, hidden={hidden}] and w_hh "
-        f"[hidden, hidden], got {list(h0.shape)} and {list(w_hh.shape)}",
+        w_ih.shape[1] == x.shape[2],
+        lambda: f"{op}: w_ih must have shape [hidden, input={x.shape[2]}], got {list(w_ih.shape)}",
     )
+    torch._check((b_ih is None) == (b_hh is None), lambda: f"{op}: b_ih and b_hh must both be tensors or both be None")
+    for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
+        if b is not None:
+            _check_rank(op, name, b, 1, "[hidden]")
+            _check_dtype_like(op, name, b, "x", x)
+            _check_shape(op, name, b, (hidden,), f"[hidden={hidden}]")
+    _check_problem("prnn::forward", "xp", x, h0, w_hh, lengths, nonlinearity, (steps, batch, hidden))
     return _outputs(x, steps, batch, hidden)
 
 
 @torch.library.register_fake("prnn::backward")
 def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity, h0_grad=True):
-    _check_devices(
-        "prnn::backward", "y", y, (("h0", h0), ("w_hh", w_hh), ("grad_y", grad_y)), lengths
+    op = "prnn::backward"
+    _check_devices(op, "y", y, (("h0", h0), ("w_hh", w_hh), ("grad_y", grad_y)), lengths)
+    _check_problem(op, "y", y, h0, w_hh, lengths, nonlinearity)
+    _check_dtype_like(op, "grad_y", grad_y, "y", y)
+    torch._check(
+        grad_y.dim() == y.dim() and all(a == b for a, b in zip(grad_y.shape, y.shape)),
+        lambda: f"{op}: grad_y must have the shape of y {list(y.shape)}, got {list(grad_y.shape)}",
     )
     return y.new_empty(y.shape), h0.new_empty(h0.shape if h0_grad else (0,)), w_hh.new_empty(w_hh.shape)
 
 
+# A gated cell's gates a unit and values the forward saves a unit (cells.cuh).
+_GATED = {"prnn::lstm": (4, 5), "prnn::gru": (3, 4), "prnn::lstm_backward": (4, 5), "prnn::gru_backward": (3, 4)}
+
+
+def _check_projection(op, w_hr, ref_name, ref, hidden):
+    """check_projection's: w_hr [P, H]; returns P (0 without one)."""
+    if w_hr is None:
+        return 0
+    _check_rank(op, "w_hr", w_hr, 2, "[proj_size, hidden]")
+    _check_dtype_like(op, "w_hr", w_hr, ref_name, ref)
+    torch._check(hidden >= 1, lambda: f"{op}: a projection (w_hr) needs hidden >= 1, got hidden 0")
+    torch._check(
+        w_hr.shape[0] >= 1 and w_hr.shape[1] == hidden,
+        lambda: f"{op}: w_hr must have shape [proj_size >= 1, hidden={hidden}], got {list(w_hr.shape)}",
+    )
+    return w_hr.shape[0]
+
+
+def _check_state(op, name, t, ref_name, ref, batch, width_name, width):
+    _check_rank(op, name, t, 2, f"[batch, {width_name}]")
+    _check_dtype_like(op, name, t, ref_name, ref)
+    _check_shape(op, name, t, (batch, width), f"[batch={batch}, {width_name}={width}]")
+
+
+def _check_w_hh(op, w_hh, gates, rows, hidden, state_name, state):
+    _check_shape(op, "w_hh", w_hh, (gates * hidden, state), f"[{rows}={gates * hidden}, {state_name}={state}]")
+
+
+def _check_gated_forward(op, xp, b_hh, h0, c0, w_hh, w_hr, lengths):
+    """check_gated_forward's; returns (T, B, H, S): S the state's width (P or H)."""
+    gates, _ = _GATED[op]
+    rows, state_name = f"{gates}*hidden", "proj_size" if w_hr is not None else "hidden"
+    _check_rank(op, "xp", xp, 3, f"[steps, batch, {rows}]")
+    _check_float(op, "xp", xp)
+    _check_rank(op, "w_hh", w_hh, 2, f"[{rows}, {state_name}]")
+    _check_dtype_like(op, "w_hh", w_hh, "xp", xp)
+    steps, batch = xp.shape[0], xp.shape[1]
+    torch._check(
+        xp.shape[2] % gates == 0,
+        lambda: f"{op}: xp must have shape [steps, batch, {rows}]: its last size must be a multiple of {gates}, "
+        f"got {list(xp.shape)}",
+    )
+    hidden = xp.shape[2] // gates
+    proj = _check_projection(op, w_hr, "xp", xp, hidden)
+    state = proj if w_hr is not None else hidden
+    _check_state(op, "h0", h0, "xp", xp, batch, state_name, state)
+    if c0 is not None:
+        _check_state(op, "c0", c0, "xp", xp, batch, "hidden", hidden)
+    _check_w_hh(op, w_hh, gates, rows, hidden, state_name, state)
+    if b_hh is not None:
+        _check_rank(op, "b_hh", b_hh, 1, f"[{rows}]")
+        _check_dtype_like(op, "b_hh", b_hh, "xp", xp)
+        _check_shape(op, "b_hh", b_hh, (gates * hidden,), f"[{rows}={gates * hidden}]")
+    _check_lengths(op, lengths, batch)
+    return steps, batch, hidden, state
+
+
+def _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths):
+    """check_gated_backward's; returns (T, B, H)."""
+    gates, saved_values = _GATED[op]
+    rows, state_name = f"{gates}*hidden", "proj_size" if w_hr is not None else "hidden"
+    _check_rank(op, "y", y, 3, f"[steps, batch, {state_name}]")
+    _check_float(op, "y", y)
+    _check_dtype_like(op, "grad_y", grad_y, "y", y)
+    torch._check(
+        grad_y.dim() == y.dim() and all(a == b for a, b in zip(grad_y.shape, y.shape)),
+        lambda: f"{op}: grad_y must have the shape of y {list(y.shape)}, got {list(grad_y.shape)}",
+    )
+    _check_rank(op, "w_hh", w_hh, 2, f"[{rows}, {state_name}]")
+    _check_dtype_like(op, "w_hh", w_hh, "y", y)
+    torch._check(
+        w_hh.shape[0] % gates == 0,
+        lambda: f"{op}: w_hh must have shape [{rows}, {state_name}]: its first size must be a multiple of "
+        f"{gates}, got {list(w_hh.shape)}",
+    )
+    steps, batch, hidden = y.shape[0], y.shape[1], w_hh.shape[0] // gates
+    proj = _check_projection(op, w_hr, "y", y, hidden)
+    state = proj if w_hr is not None else hidden
+    torch._check(
+        y.shape[2] == state, lambda: f"{op}: y must have shape [steps, batch, {state_name}={state}], got {list(y.shape)}"
+    )
+    _check_w_hh(op, w_hh, gates, rows, hidden, state_name, state)
+    _check_state(op, "h0", h0, "y", y, batch, state_name, state)
+    if c0 is not None:
+        _check_state(op, "c0", c0, "y", y, batch, "hidden", hidden)
+    _check_rank(op, "saved", saved, 3, "[steps, batch, saved values*hidden]")
+    _check_dtype_like(op, "saved", saved, "y", y)
+    _check_shape(
+        op, "saved", saved, (steps, batch, saved_values * hidden),
+        f"[steps={steps}, batch={batch}, {saved_values}*hidden={saved_values * hidden}] (the forward's, with save=True)",
+    )
+    if grad_h_n is not None:
+        _check_state(op, "grad_h_n", grad_h_n, "y", y, batch, state_name, state)
+    if grad_c_n is not None:
+        _check_state(op, "grad_c_n", grad_c_n, "y", y, batch, "hidden", hidden)
+    _check_lengths(op, lengths, batch)
+    return steps, batch, hidden
+
+
 @torch.library.register_fake("prnn::lstm")
 def _lstm_fake(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save=False):
+    op = "prnn::lstm"
     others = [("b_hh", b_hh), ("h0", h0), ("c0", c0), ("w_hh", w_hh), ("w_hr", w_hr)]
-    _check_devices("prnn::lstm", "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
-    steps, batch, hidden = xp.shape[0], xp.shape[1], c0.shape[1]
-    state = h0.shape[1]  # proj_size with w_hr, else hidden
+    _check_devices(op, "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden, state = _check_gated_forward(op, xp, b_hh, h0, c0, w_hh, w_hr, lengths)
     saved = xp.new_empty((steps, batch, 5 * hidden) if save else (0,))
     return xp.new_empty((steps, batch, state)), xp.new_empty((batch, state)), xp.new_empty((batch, hidden)), saved
 
 
 @torch.library.register_fake("prnn::gru")
 def _gru_fake(xp, b_hh, h0, w_hh, lengths, save=False):
+    op = "prnn::gru"
     others = [("b_hh", b_hh), ("h0", h0), ("w_hh", w_hh)]
-    _check_devices("prnn::gru", "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
-    steps, batch, hidden = xp.shape[0], xp.shape[1], h0.shape[1]
+    _check_devices(op, "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden, _ = _check_gated_forward(op, xp, b_hh, h0, None, w_hh, None, lengths)
     saved = xp.new_empty((steps, batch, 4 * hidden) if save else (0,))
     return xp.new_empty((steps, batch, hidden)), xp.new_empty((batch, hidden)), saved
 
 
 @torch.library.register_fake("prnn::lstm_backward")
 def _lstm_backward_fake(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths):
+    op = "prnn::lstm_backward"
     others = [("grad_y", grad_y), ("grad_h_n", grad_h_n), ("grad_c_n", grad_c_n), ("h0", h0), ("c0", c0),
               ("saved", saved), ("w_hh", w_hh), ("w_hr", w_hr)]
-    _check_devices("prnn::lstm_backward", "y", y, [(n, t) for n, t in others if t is not None], lengths)
-    steps, batch, hidden = y.shape[0], y.shape[1], c0.shape[1]
+    _check_devices(op, "y", y, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden = _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr,
+                                                 lengths)
     return (
         y.new_empty((steps, batch, 4 * hidden)),
         y.new_empty(h0.shape),
@@ -116,9 +294,11 @@ def _lstm_backward_fake(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr
 
 @torch.library.register_fake("prnn::gru_backward")
 def _gru_backward_fake(grad_y, grad_h_n, h0, y, saved, w_hh, lengths):
+    op = "prnn::gru_backward"
     others = [("grad_y", grad_y), ("grad_h_n", grad_h_n), ("h0", h0), ("saved", saved), ("w_hh", w_hh)]
-    _check_devices("prnn::gru_backward", "y", y, [(n, t) for n, t in others if t is not None], lengths)
-    steps, batch, hidden = y.shape[0], y.shape[1], h0.shape[1]
+    _check_devices(op, "y", y, [(n, t) for n, t in others if t is not None], lengths)
+    steps, batch, hidden = _check_gated_backward(op, grad_y, grad_h_n, None, h0, None, y, saved, w_hh, None,
+                                                 lengths)
     return (
         y.new_empty((steps, batch, 3 * hidden)),
         y.new_empty(h0.shape),

@@ -1,0 +1,108 @@
+"""The fake (meta) kernels check what the real kernels check: for every
+prnn:: op, each tensor argument of a valid call changed in rank, in each
+size, or in dtype, and the nonlinearity changed: the op on the CPU, the same
+call under FakeTensorMode (what torch.compile and export trace with) and on
+the meta device either all succeed or all raise the same exception type and
+message. Values (lengths in [0, steps]) are data, which only the real kernels
+read, so lengths keep valid values."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_prnn  # noqa: F401 (registers the ops)
+
+P = torch.ops.prnn
+T, B, H, I, PROJ = 5, 3, 4, 2, 3
+
+
+def _r(*shape):
+    return torch.randn(*shape)
+
+
+def _lstm_saved(proj):
+    w_hr = _r(PROJ, H) if proj else None
+    state = PROJ if proj else H
+    y, _, _, saved = P.lstm(_r(T, B, 4 * H), _r(4 * H), _r(B, state), _r(B, H), _r(4 * H, state), w_hr, None, True)
+    return y, saved, w_hr, state
+
+
+def _calls():
+    """(name, op, args): valid calls of every op, with and without optional inputs."""
+    lengths = torch.tensor([5, 2, 0])
+    calls = []
+    for lens in (None, lengths):
+        tag = "lengths" if lens is not None else "padded"
+        calls.append((f"forward {tag}", P.forward, [_r(T, B, H), _r(B, H), _r(H, H), lens, "tanh"]))
+        calls.append((f"layer {tag}", P.layer, [_r(T, B, I), _r(H, I), _r(H), _r(H), _r(B, H), _r(H, H), lens, "relu"]))
+        y, _ = P.forward(_r(T, B, H), _r(B, H), _r(H, H), lens, "tanh")
+        calls.append((f"backward {tag}", P.backward, [_r(T, B, H), y, _r(B, H), _r(H, H), lens, "tanh", True]))
+        for proj in (False, True):
+            w_hr = _r(PROJ, H) if proj else None
+            state = PROJ if proj else H
+            calls.append((f"lstm {tag} proj={proj}", P.lstm,
+                          [_r(T, B, 4 * H), _r(4 * H), _r(B, state), _r(B, H), _r(4 * H, state), w_hr, lens, True]))
+            y, saved, w_hr, state = _lstm_saved(proj)
+            calls.append((f"lstm_backward {tag} proj={proj}", P.lstm_backward,
+                          [_r(T, B, state), _r(B, state), _r(B, H), _r(B, state), _r(B, H), y, saved, _r(4 * H, state),
+                           w_hr, lens]))
+        calls.append((f"gru {tag}", P.gru, [_r(T, B, 3 * H), _r(3 * H), _r(B, H), _r(3 * H, H), lens, True]))
+        y, _, saved = P.gru(_r(T, B, 3 * H), _r(3 * H), _r(B, H), _r(3 * H, H), None, True)
+        calls.append((f"gru_backward {tag}", P.gru_backward,
+                      [_r(T, B, H), _r(B, H), _r(B, H), y, saved, _r(3 * H, H), lens]))
+    return calls
+
+
+def _changes(args):
+    """(what, args) for each change of one argument of a valid call."""
+    for i, a in enumerate(args):
+        if isinstance(a, str):
+            yield f"arg {i} = 'sigmoid'", args[:i] + ["sigmoid"] + args[i + 1:]
+        if not isinstance(a, torch.Tensor):
+            continue
+        lengths = a.dtype == torch.int64  # the only integer argument of a valid call
+        variants = [("rank - 1", a[0] if a.dim() > 0 else a.view(1)), ("rank + 1", a.unsqueeze(0))]
+        variants += [(f"size {d} + 1", torch.cat([a, a.narrow(d, 0, 1)], d)) for d in range(a.dim()) if a.shape[d] > 0]
+        if lengths:
+            variants = [(w, v.clamp(0, T)) for w, v in variants] + [("int32", a.int())]
+        else:
+            variants += [("float64", a.double()), ("int64", a.long())]
+        for what, v in variants:
+            yield f"arg {i} {what}", args[:i] + [v] + args[i + 1:]
+
+
+def _outcome(op, args):
+    try:
+        op(*args)
+        return "ok"
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+
+
+def _fake_outcome(op, args):
+    mode = FakeTensorMode()
+    with mode:
+        fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        return _outcome(op, fakes)
+
+
+def _meta_outcome(op, args):
+    # lengths stay on the CPU (like nn's batch_sizes), as the real kernels require.
+    names = [a.name for a in op.default._schema.arguments]
+    metas = [a.to("meta") if isinstance(a, torch.Tensor) and name != "lengths" else a for name, a in zip(names, args)]
+    return _outcome(op, metas)
+
+
+CALLS = _calls()
+
+
+@pytest.mark.parametrize("name,op,args", CALLS, ids=[c[0] for c in CALLS])
+def test_fake_kernels_raise_what_the_real_kernels_raise(name, op, args):
+    assert _outcome(op, args) == _fake_outcome(op, args) == _meta_outcome(op, args) == "ok"
+    checked = 0
+    for what, changed in _changes(args):
+        real = _outcome(op, changed)
+        assert _fake_outcome(op, changed) == real, (what, real)
+        assert _meta_outcome(op, changed) == real, (what, real)
+        checked += real != "ok"
+    assert checked >= 10  # the changes reach the checks
