@@ -418,20 +418,32 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+def _states(h_n):
+    """h_n, or an LSTM's (h_n, c_n), as a list."""
+    return list(h_n) if isinstance(h_n, tuple) else [h_n]
+
+
+def _hx(cell, h):
+    return (h, torch.randn_like(h)) if cell == "lstm" and h is not None else h
+
+
 def packed_outputs_and_grads(model, x, lengths, enforce_sorted, hx=None):
-    """The packed output's data, h_n, and their gradients with respect to x
-    and the parameters; x is packed here, per call, as a training step does."""
+    """The packed output's data, the final states, and their gradients with
+    respect to x and the parameters; x is packed here, per call, as a
+    training step does."""
     output, h_n = model(pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted), hx)
-    loss = output.data.square().sum() + h_n.sin().sum()
-    return [output.data, h_n, *torch.autograd.grad(loss, [x, *model.parameters()])]
+    states = _states(h_n)
+    loss = output.data.square().sum() + sum(state.sin().sum() for state in states)
+    return [output.data, *states, *torch.autograd.grad(loss, [x, *model.parameters()])]
 
 
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("device", devices)
-def test_compile_packed_fullgraph(device, fresh_dynamo):
+def test_compile_packed_fullgraph(device, cell, fresh_dynamo):
     """Under the default backend, sorted packed input without hx, where the
     batch is only in batch_sizes' data: eager's output, and no recompile for
     other batches and lengths."""
-    model = torch_prnn.PersistentRNN(4, 6, bidirectional=True, device=device)
+    model = CELLS[cell][0](4, 6, bidirectional=True, device=device)
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
     compiles = None
@@ -440,19 +452,21 @@ def test_compile_packed_fullgraph(device, fresh_dynamo):
         with torch.no_grad():
             got, expected = compiled(packed), model(packed)
         assert_close(got[0].data, expected[0].data, torch.float32, f"output at lengths {lengths}")
-        assert_close(got[1], expected[1], torch.float32, f"h_n at lengths {lengths}")
+        for got_state, expected_state in zip(_states(got[1]), _states(expected[1]), strict=True):
+            assert_close(got_state, expected_state, torch.float32, f"final state at lengths {lengths}")
         compiles = compiles or counter.frame_count
     assert counter.frame_count == compiles
 
 
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("device", devices)
-def test_compile_packed_gradients(device, fresh_dynamo):
+def test_compile_packed_gradients(device, cell, fresh_dynamo):
     """Packed input sorted and not, hx absent and given: eager's outputs and
     gradients."""
-    model = torch_prnn.PersistentRNN(4, 6, num_layers=2, bidirectional=True, device=device)
+    model = CELLS[cell][0](4, 6, num_layers=2, bidirectional=True, device=device)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     x = torch.randn(5, 3, 4, device=device, requires_grad=True)
-    hx = torch.randn(4, 3, 6, device=device)
+    hx = _hx(cell, torch.randn(4, 3, 6, device=device))
     for lengths, enforce_sorted, h in [([5, 3, 2], True, None), ([5, 3, 2], True, hx), ([3, 5, 2], False, hx)]:
         got = packed_outputs_and_grads(compiled, x, torch.tensor(lengths), enforce_sorted, h)
         expected = packed_outputs_and_grads(model, x, torch.tensor(lengths), enforce_sorted, h)
@@ -460,14 +474,15 @@ def test_compile_packed_gradients(device, fresh_dynamo):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("device", devices)
-def test_compile_packed_bad_input(device, fresh_dynamo):
+def test_compile_packed_bad_input(device, cell, fresh_dynamo):
     """A hand-built PackedSequence that does not fit hx, or whose batch_sizes
     are malformed: an error when the compiled graph runs."""
-    model = torch_prnn.PersistentRNN(4, 6, num_layers=2, bidirectional=True, device=device)
+    model = CELLS[cell][0](4, 6, num_layers=2, bidirectional=True, device=device)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     data = torch.randn(10, 4, device=device)
-    hx = torch.randn(4, 3, 6, device=device)
+    hx = _hx(cell, torch.randn(4, 3, 6, device=device))
     too_few = PackedSequence(data[:8], torch.tensor([2, 2, 2, 1, 1]))  # 2 sequences, hx has 3
     with pytest.raises(RuntimeError, match=r"batch_sizes \[2, 2, 2, 1, 1\] is a batch of 2 sequences"):
         compiled(too_few, hx)

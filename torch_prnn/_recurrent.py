@@ -330,7 +330,9 @@ class PersistentRNNBase(FlatWeights, nn.Module):
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            x, lengths, rows = _pad(data, batch_sizes)
+            check_batch_sizes_type(batch_sizes)
+            batch = _packed_batch(batch_sizes, sorted_indices, None if states is None else states[0])
+            x, lengths, rows = _pad(data, batch_sizes, batch)
         else:
             if input.dim() not in (2, 3):
                 raise ValueError(self._input_dim_error.format(input.dim()))
@@ -372,7 +374,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             output, states = self._torch_layers(data if packed else x, batch_sizes if packed else None, states, weights)
         else:
             _refuse_func_autodiff(type(self).__name__)  # torch's recurrence (above) runs under them, as nn's
-            flip = None if lengths is None else _flip_index(lengths, steps, x.device)
+            flip = _time_indices(lengths, steps, x.device)
             finals = []  # the final states of each layer and direction
             layer_input = x
             for layer in range(self.num_layers):
@@ -439,7 +441,9 @@ class PersistentRNNBase(FlatWeights, nn.Module):
     def _script_packed(self, input: PackedSequence, states: list[Tensor] | None):
         data, batch_sizes, sorted_indices, unsorted_indices = input
         self._check_input(data, expected_dim=2)
-        x, lengths, rows = _pad(data, batch_sizes)
+        check_batch_sizes_type(batch_sizes)
+        batch = _packed_batch(batch_sizes, sorted_indices, None if states is None else states[0])
+        x, lengths, rows = _pad(data, batch_sizes, batch)
         output, finals = self._script_layers(x, states, lengths, rows, sorted_indices)
         output = output.flatten(0, 1).index_select(0, rows)
         if unsorted_indices is not None:
@@ -464,7 +468,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                 states = [state.index_select(1, sorted_indices) for state in states]
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
-        flip = None if lengths is None else _flip_index(lengths, steps, x.device)
+        flip = _time_indices(lengths, steps, x.device)
         finals: list[list[Tensor]] = []  # the final states of each layer and direction
         layer_input = x
         for layer in range(self.num_layers):
@@ -600,25 +604,76 @@ def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
         )
 
 
-def _pad(data: Tensor, batch_sizes: Tensor):
-    """Packed rows [N, I] -> (padded [T, B, I] with zeros past each length,
-    lengths [B] on the CPU, index of each packed row in the flattened padded
-    [T*B] rows). Packed rows are time-major, each step's sequences in batch
-    order, so they are the valid entries of the padded tensor in row-major order."""
-    check_batch_sizes(batch_sizes, data.shape[0])
-    steps, batch = batch_sizes.numel(), int(batch_sizes[0])
-    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B, on the CPU
-    lengths = valid.sum(0)
-    rows = to_device_queued(valid.flatten().nonzero().squeeze(1), data.device)
-    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, rows, data)
-    return padded.view(steps, batch, data.shape[-1]), lengths, rows
+def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
+    """The number of sequences of a PackedSequence: batch_sizes[0]. Under
+    torch.compile batch_sizes is data to the graph and a size read from it is
+    unbacked, which shapes cannot be compared with; there the batch is
+    sorted_indices' or hx's where one is given, and prnn::packed_rows checks
+    batch_sizes against it when the graph runs."""
+    if torch.compiler.is_compiling():
+        if sorted_indices is not None:
+            return sorted_indices.shape[0]
+        if hx is not None and hx.dim() == 3:
+            return hx.shape[1]
+    return int(batch_sizes[0])
 
 
-def _flip_index(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
-    """The step index [T,B,1] that reverses each sequence within its length
-    (padding stays in place)."""
+def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Packed rows [N, I] of `batch` sequences -> (padded [T, B, I] with zeros
+    past each length, lengths [B] on the CPU, index of each packed row in the
+    flattened padded [T*B] rows, on data's device)."""
+    steps, rows = batch_sizes.numel(), data.shape[0]
+    if torch.compiler.is_compiling():
+        lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
+    else:
+        lengths, index = _packed_rows(batch_sizes, batch, rows)
+    index = to_device_queued(index, data.device)
+    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
+    return padded.view(steps, batch, data.shape[-1]), lengths, index
+
+
+def _packed_rows(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
+    """A PackedSequence's lengths [batch] and the index of each of its `rows`
+    packed rows in the flattened padded [T*batch] rows, both on the CPU.
+    Packed rows are time-major, each step's sequences in batch order, so they
+    are the valid entries of the padded tensor in row-major order."""
+    check_batch_sizes(batch_sizes, rows)
+    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B
+    return valid.sum(0), valid.flatten().nonzero().squeeze(1)
+
+
+def _packed_rows_of_batch(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
+    """_packed_rows for a batch not read from batch_sizes (_packed_batch)."""
+    if not isinstance(batch_sizes, Tensor):
+        raise TypeError(f"prnn::packed_rows: batch_sizes must be a tensor, got {type(batch_sizes).__name__}")
+    check_batch_sizes_type(batch_sizes)
+    if batch_sizes.numel() > 0 and int(batch_sizes[0]) != batch:
+        raise RuntimeError(
+            f"PackedSequence: batch_sizes {batch_sizes.tolist()} is a batch of "
+            f"{int(batch_sizes[0])} sequences, but sorted_indices or hx have a batch of {batch}"
+        )
+    return _packed_rows(batch_sizes, batch, rows)
+
+
+# The op torch.compile's graphs call: it checks before anything uses its
+# indices (out of range on a GPU, a device-side assert that ends the process's
+# CUDA context). Eager calls _packed_rows itself, without the dispatch.
+_packed_rows_op = torch.library.custom_op("prnn::packed_rows", _packed_rows_of_batch, mutates_args=())
+
+
+@_packed_rows_op.register_fake
+def _packed_rows_fake(batch_sizes, batch, rows):
+    return batch_sizes.new_empty(batch), batch_sizes.new_empty(rows)
+
+
+def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> Tensor | None:
+    """For packed input: the step index [T,B,1] that reverses each sequence
+    within its length (padding stays in place). None without lengths."""
+    if lengths is None:
+        return None
     t = torch.arange(steps).unsqueeze(1)
-    return to_device_queued(torch.where(t < lengths, lengths - 1 - t, t).unsqueeze(-1), device)
+    flip = torch.where(t < lengths, lengths - 1 - t, t)
+    return to_device_queued(flip.unsqueeze(-1), device)
 
 
 def to_device_queued(host: Tensor, device: torch.device) -> Tensor:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _crossover, _recurrent, _short
-from ._recurrent import to_device_queued
+from ._recurrent import _flip, _packed_batch, _pad, _time_indices
 
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
@@ -369,82 +369,3 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             # All steps' input projections in one GEMM, then the recurrence: one op.
             y, h_n = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
         return (_flip(y, flip) if reverse else y), h_n
-
-
-def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
-    """The number of sequences of a PackedSequence: batch_sizes[0]. Under
-    torch.compile batch_sizes is data to the graph and a size read from it is
-    unbacked, which shapes cannot be compared with; there the batch is
-    sorted_indices' or hx's where one is given, and prnn::packed_rows checks
-    batch_sizes against it when the graph runs."""
-    if torch.compiler.is_compiling():
-        if sorted_indices is not None:
-            return sorted_indices.shape[0]
-        if hx is not None and hx.dim() == 3:
-            return hx.shape[1]
-    return int(batch_sizes[0])
-
-
-def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Packed rows [N, I] of `batch` sequences -> (padded [T, B, I] with zeros
-    past each length, lengths [B] on the CPU, index of each packed row in the
-    flattened padded [T*B] rows, on data's device)."""
-    steps, rows = batch_sizes.numel(), data.shape[0]
-    if torch.compiler.is_compiling():
-        lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
-    else:
-        lengths, index = _packed_rows(batch_sizes, batch, rows)
-    index = to_device_queued(index, data.device)
-    padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
-    return padded.view(steps, batch, data.shape[-1]), lengths, index
-
-
-def _packed_rows(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
-    """A PackedSequence's lengths [batch] and the index of each of its `rows`
-    packed rows in the flattened padded [T*batch] rows, both on the CPU.
-    Packed rows are time-major, each step's sequences in batch order, so they
-    are the valid entries of the padded tensor in row-major order."""
-    _recurrent.check_batch_sizes(batch_sizes, rows)
-    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B
-    return valid.sum(0), valid.flatten().nonzero().squeeze(1)
-
-
-def _packed_rows_of_batch(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
-    """_packed_rows for a batch not read from batch_sizes (_packed_batch)."""
-    if not isinstance(batch_sizes, Tensor):
-        raise TypeError(f"prnn::packed_rows: batch_sizes must be a tensor, got {type(batch_sizes).__name__}")
-    _recurrent.check_batch_sizes_type(batch_sizes)
-    if batch_sizes.numel() > 0 and int(batch_sizes[0]) != batch:
-        raise RuntimeError(
-            f"PackedSequence: batch_sizes {batch_sizes.tolist()} is a batch of "
-            f"{int(batch_sizes[0])} sequences, but sorted_indices or hx have a batch of {batch}"
-        )
-    return _packed_rows(batch_sizes, batch, rows)
-
-
-# The op torch.compile's graphs call: it checks before anything uses its
-# indices (out of range on a GPU, a device-side assert that ends the process's
-# CUDA context). Eager calls _packed_rows itself, without the dispatch.
-_packed_rows_op = torch.library.custom_op("prnn::packed_rows", _packed_rows_of_batch, mutates_args=())
-
-
-@_packed_rows_op.register_fake
-def _packed_rows_fake(batch_sizes, batch, rows):
-    return batch_sizes.new_empty(batch), batch_sizes.new_empty(rows)
-
-
-def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> Tensor | None:
-    """For packed input: the step index [T,B,1] that reverses each sequence
-    within its length (padding stays in place). None without lengths."""
-    if lengths is None:
-        return None
-    t = torch.arange(steps).unsqueeze(1)
-    flip = torch.where(t < lengths, lengths - 1 - t, t)
-    return to_device_queued(flip.unsqueeze(-1), device)
-
-
-def _flip(x: Tensor, flip: Tensor | None) -> Tensor:
-    """Reverses time, within each sequence's length when there are lengths."""
-    if flip is None:
-        return x.flip(0)
-    return x.gather(0, flip.expand(-1, -1, x.shape[2]))
