@@ -148,40 +148,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
     ) -> None:
         super().__init__()
         # nn.RNNBase's checks, in its order and with its messages.
-        if (
-            not isinstance(dropout, numbers.Number)
-            or not 0 <= dropout <= 1
-            or isinstance(dropout, bool)
-        ):
-            raise ValueError(
-                "dropout should be a number in range [0, 1] representing the "
-                "probability of an element being zeroed"
-            )
-        if dropout > 0 and num_layers == 1:
-            warnings.warn(
-                "dropout option adds dropout after all but last recurrent layer, so "
-                "non-zero dropout expects num_layers greater than 1, but got "
-                f"dropout={dropout} and num_layers={num_layers}",
-                stacklevel=3,  # the caller of the cell's __init__
-            )
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias should be of type bool, got: {type(bias).__name__}")
-        if not isinstance(batch_first, bool):
-            raise TypeError(
-                f"batch_first should be of type bool, got: {type(batch_first).__name__}"
-            )
-        if not isinstance(input_size, int):
-            raise TypeError(f"input_size should be of type int, got: {type(input_size).__name__}")
-        if input_size <= 0:
-            raise ValueError("input_size must be greater than zero")
-        if not isinstance(hidden_size, int):
-            raise TypeError(
-                f"hidden_size should be of type int, got: {type(hidden_size).__name__}"
-            )
-        if hidden_size <= 0:
-            raise ValueError("hidden_size must be greater than zero")
-        if num_layers <= 0:
-            raise ValueError("num_layers must be greater than zero")
+        check_options(input_size, hidden_size, num_layers, bias, batch_first, dropout, stacklevel=4)
         if proj_size < 0:
             raise ValueError("proj_size should be a positive integer or zero to disable projections")
         if proj_size >= hidden_size:
@@ -534,6 +501,46 @@ class PersistentRNNBase(FlatWeights, nn.Module):
 
     def _recurrence(self, xp, states, w_hh, b_hh, w_hr, lengths):
         raise NotImplementedError
+
+
+def check_options(input_size, hidden_size, num_layers, bias, batch_first, dropout, stacklevel: int) -> None:
+    """nn.RNNBase's constructor checks of the options every cell has, in its
+    order and with its messages; stacklevel: the dropout warning's, pointing
+    at the caller of the module's constructor."""
+    if (
+        not isinstance(dropout, numbers.Number)
+        or not 0 <= dropout <= 1
+        or isinstance(dropout, bool)
+    ):
+        raise ValueError(
+            "dropout should be a number in range [0, 1] representing the "
+            "probability of an element being zeroed"
+        )
+    if dropout > 0 and num_layers == 1:
+        warnings.warn(
+            "dropout option adds dropout after all but last recurrent layer, so "
+            "non-zero dropout expects num_layers greater than 1, but got "
+            f"dropout={dropout} and num_layers={num_layers}",
+            stacklevel=stacklevel,
+        )
+    if not isinstance(bias, bool):
+        raise TypeError(f"bias should be of type bool, got: {type(bias).__name__}")
+    if not isinstance(batch_first, bool):
+        raise TypeError(
+            f"batch_first should be of type bool, got: {type(batch_first).__name__}"
+        )
+    if not isinstance(input_size, int):
+        raise TypeError(f"input_size should be of type int, got: {type(input_size).__name__}")
+    if input_size <= 0:
+        raise ValueError("input_size must be greater than zero")
+    if not isinstance(hidden_size, int):
+        raise TypeError(
+            f"hidden_size should be of type int, got: {type(hidden_size).__name__}"
+        )
+    if hidden_size <= 0:
+        raise ValueError("hidden_size must be greater than zero")
+    if num_layers <= 0:
+        raise ValueError("num_layers must be greater than zero")
 
 
 def _refuse_proj_size(cls_name: str, kwargs: dict) -> None:

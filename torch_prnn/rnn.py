@@ -1,8 +1,6 @@
 """PersistentRNN: a drop-in replacement for torch.nn.RNN on the prnn:: ops."""
 
 import math
-import numbers
-import warnings
 from typing import overload
 
 import torch
@@ -62,40 +60,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             raise ValueError(
                 f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'."
             )
-        if (
-            not isinstance(dropout, numbers.Number)
-            or not 0 <= dropout <= 1
-            or isinstance(dropout, bool)
-        ):
-            raise ValueError(
-                "dropout should be a number in range [0, 1] representing the "
-                "probability of an element being zeroed"
-            )
-        if dropout > 0 and num_layers == 1:
-            warnings.warn(
-                "dropout option adds dropout after all but last recurrent layer, so "
-                "non-zero dropout expects num_layers greater than 1, but got "
-                f"dropout={dropout} and num_layers={num_layers}",
-                stacklevel=2,
-            )
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias should be of type bool, got: {type(bias).__name__}")
-        if not isinstance(batch_first, bool):
-            raise TypeError(
-                f"batch_first should be of type bool, got: {type(batch_first).__name__}"
-            )
-        if not isinstance(input_size, int):
-            raise TypeError(f"input_size should be of type int, got: {type(input_size).__name__}")
-        if input_size <= 0:
-            raise ValueError("input_size must be greater than zero")
-        if not isinstance(hidden_size, int):
-            raise TypeError(
-                f"hidden_size should be of type int, got: {type(hidden_size).__name__}"
-            )
-        if hidden_size <= 0:
-            raise ValueError("hidden_size must be greater than zero")
-        if num_layers <= 0:
-            raise ValueError("num_layers must be greater than zero")
+        _recurrent.check_options(input_size, hidden_size, num_layers, bias, batch_first, dropout, stacklevel=3)
 
         self.input_size = input_size
         self.hidden_size = hidden_size
