@@ -40,8 +40,9 @@ def hand_everything_over():
     _crossover.enabled = True
     _crossover._CPU_TORCH_CELLS = tuple(CELLS)
     _crossover._CPU_TORCH_MIN_HIDDEN = 0
-    for key in _crossover._CUDA_LIMITS:
-        _crossover._CUDA_LIMITS[key] = ((float("inf"), 0),)
+    for limits in (_crossover._CUDA_LIMITS, _crossover._CLUSTER_LIMITS):
+        for key in limits:
+            limits[key] = ((float("inf"), 0),)
 
 
 def callables(cell, dtype, batch, hidden, steps, device):

@@ -239,6 +239,18 @@ def test_module_packed_bad_batch_sizes_raise_like_nn(ours_cls, nn_cls, rows, bat
 
 
 @pytest.mark.parametrize("ours_cls, nn_cls", _MODULES)
+@pytest.mark.parametrize("rows", [0, 3])
+def test_module_packed_empty_batch_sizes_raise_like_nn(ours_cls, nn_cls, rows):
+    """Empty batch_sizes, with or without data rows: nn's exception type
+    (IndexError, reading the batch from batch_sizes[0])."""
+    packed = PackedSequence(torch.randn(rows, 5), torch.tensor([], dtype=torch.int64))
+    expected = _nn_error(nn_cls(5, 4, 2), packed)
+    assert expected is not None
+    with pytest.raises(type(expected)):
+        ours_cls(5, 4, 2)(packed)
+
+
+@pytest.mark.parametrize("ours_cls, nn_cls", _MODULES)
 def test_module_flat_weight_none_raises_like_nn(ours_cls, nn_cls):
     """_flat_weights[1] = None (the README: assigning an element changes
     what forward runs, as with nn's): nn raises TypeError 'expected Tensor

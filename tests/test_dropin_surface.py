@@ -459,6 +459,21 @@ def test_compile_packed_fullgraph(device, cell, fresh_dynamo):
 
 
 @pytest.mark.parametrize("cell", CELLS)
+def test_compile_packed_int32_batch_sizes(cell, fresh_dynamo):
+    """batch_sizes of int32 (a hand-built PackedSequence): eager's result
+    compiled too (prnn::packed_rows' fake kernel gives int64 lengths, as the
+    op does)."""
+    model = CELLS[cell][0](4, 6)
+    packed = pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([5, 3, 2]), enforce_sorted=False)
+    packed = PackedSequence(packed.data, packed.batch_sizes.int(), packed.sorted_indices, packed.unsorted_indices)
+    got = torch.compile(model, fullgraph=True, backend="aot_eager")(packed)
+    expected = model(packed)
+    assert torch.equal(got[0].data, expected[0].data)
+    for a, b in zip(_states(got[1]), _states(expected[1]), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("device", devices)
 def test_compile_packed_gradients(device, cell, fresh_dynamo):
     """Packed input sorted and not, hx absent and given: eager's outputs and

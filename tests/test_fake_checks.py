@@ -58,23 +58,27 @@ def _changes(args):
     for i, a in enumerate(args):
         if isinstance(a, str):
             yield f"arg {i} = 'sigmoid'", args[:i] + ["sigmoid"] + args[i + 1:]
+        if isinstance(a, bool):
+            yield f"arg {i} = {not a}", args[:i] + [not a] + args[i + 1:]
         if not isinstance(a, torch.Tensor):
             continue
         lengths = a.dtype == torch.int64  # the only integer argument of a valid call
         variants = [("rank - 1", a[0] if a.dim() > 0 else a.view(1)), ("rank + 1", a.unsqueeze(0))]
         variants += [(f"size {d} + 1", torch.cat([a, a.narrow(d, 0, 1)], d)) for d in range(a.dim()) if a.shape[d] > 0]
+        variants += [(f"size {d} = 0", a.narrow(d, 0, 0)) for d in range(a.dim())]
         if lengths:
             variants = [(w, v.clamp(0, T)) for w, v in variants] + [("int32", a.int())]
         else:
-            variants += [("float64", a.double()), ("int64", a.long())]
+            variants += [("float64", a.double()), ("float16", a.half()), ("int64", a.long())]
         for what, v in variants:
             yield f"arg {i} {what}", args[:i] + [v] + args[i + 1:]
 
 
 def _outcome(op, args):
+    """'ok' and the outputs' shapes and dtypes, or the error's type and message."""
     try:
-        op(*args)
-        return "ok"
+        outputs = op(*args)
+        return "ok " + str([(tuple(t.shape), t.dtype) for t in outputs])
     except (RuntimeError, ValueError, TypeError, IndexError) as error:
         return f"{type(error).__name__}: {str(error).splitlines()[0]}"
 
@@ -96,13 +100,65 @@ def _meta_outcome(op, args):
 CALLS = _calls()
 
 
+def _data_check(outcome):
+    """The real kernels' check of lengths' values (in [0, steps]), which a
+    fake kernel cannot make: it sees no data."""
+    return "lengths must be in [0, steps=" in outcome
+
+
 @pytest.mark.parametrize("name,op,args", CALLS, ids=[c[0] for c in CALLS])
 def test_fake_kernels_raise_what_the_real_kernels_raise(name, op, args):
-    assert _outcome(op, args) == _fake_outcome(op, args) == _meta_outcome(op, args) == "ok"
+    """One argument changed at a time; a call that runs gives the real
+    kernels' output shapes and dtypes."""
+    assert _outcome(op, args) == _fake_outcome(op, args) == _meta_outcome(op, args)
+    assert _outcome(op, args).startswith("ok")
     checked = 0
     for what, changed in _changes(args):
         real = _outcome(op, changed)
+        if _data_check(real):
+            continue
         assert _fake_outcome(op, changed) == real, (what, real)
         assert _meta_outcome(op, changed) == real, (what, real)
-        checked += real != "ok"
+        checked += not real.startswith("ok")
     assert checked >= 10  # the changes reach the checks
+
+
+ELMAN_CALLS = [c for c in CALLS if c[0].split()[0] in ("forward", "layer", "backward")]
+
+
+@pytest.mark.parametrize("name,op,args", ELMAN_CALLS, ids=[c[0] for c in ELMAN_CALLS])
+def test_fake_kernels_check_in_the_real_kernels_order(name, op, args):
+    """Two arguments changed at once: the first check that fails is the
+    real kernels' first (the Elman ops; their checks are the ones the gated
+    ops' follow)."""
+    changes = list(_changes(args))
+    for i, (what_a, changed_a) in enumerate(changes):
+        for what_b, changed_b in changes[i + 1:]:
+            index_a, index_b = int(what_a.split()[1]), int(what_b.split()[1])
+            if index_a == index_b:
+                continue
+            both = list(changed_a)
+            both[index_b] = changed_b[index_b]
+            real = _outcome(op, both)
+            if not _data_check(real):
+                assert _fake_outcome(op, both) == real, (what_a, what_b, real)
+
+
+def test_fake_kernels_take_unbacked_sizes():
+    """Sizes known only when the graph runs (a boolean mask's rows) are
+    checked by runtime asserts, not guards, which such sizes cannot have:
+    the compiled call runs and gives eager's result."""
+    torch._dynamo.reset()
+    w = _r(H, H)
+
+    def f(x, h_all, rows, states):
+        return torch.ops.prnn.forward(x[:, rows], h_all[states], w, None, "tanh")
+
+    x, h_all = _r(T, 6, H), _r(6, H)
+    rows = torch.tensor([True, False, True, True, False, False])
+    states = rows.flip(0)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, h_all, rows, states)
+    torch._dynamo.reset()
+    for a, b in zip(got, f(x, h_all, rows, states), strict=True):
+        assert torch.equal(a, b)

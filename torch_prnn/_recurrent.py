@@ -622,7 +622,7 @@ def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor
             return sorted_indices.shape[0]
         if hx is not None and hx.dim() == 3:
             return hx.shape[1]
-    return int(batch_sizes[0])
+    return int(batch_sizes[0])  # empty: IndexError, as nn's modules raise
 
 
 def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -670,7 +670,8 @@ _packed_rows_op = torch.library.custom_op("prnn::packed_rows", _packed_rows_of_b
 
 @_packed_rows_op.register_fake
 def _packed_rows_fake(batch_sizes, batch, rows):
-    return batch_sizes.new_empty(batch), batch_sizes.new_empty(rows)
+    # int64 whatever batch_sizes' integer dtype, as _packed_rows returns them.
+    return batch_sizes.new_empty(batch, dtype=torch.int64), batch_sizes.new_empty(rows, dtype=torch.int64)
 
 
 def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> Tensor | None:

@@ -38,8 +38,11 @@ _FLOAT_TYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: 
 
 
 _OTHER_TYPES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-                torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                torch.uint8: "Byte", torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
+                torch.bool: "Bool", torch.complex32: "ComplexHalf", torch.complex64: "ComplexFloat",
                 torch.complex128: "ComplexDouble"}
+_OTHER_TYPES.update({getattr(torch, name): name.capitalize() for name in dir(torch)
+                     if name.startswith("float8_") and isinstance(getattr(torch, name), torch.dtype)})
 
 
 def _type_name(dtype):
@@ -65,11 +68,23 @@ def _check_dtype_like(op, name, t, ref_name, ref):
     )
 
 
+def _check_same_sizes(t, shape, message):
+    """t's sizes are `shape`: one torch._check a size, so that a symbolic size
+    becomes a runtime assert, not a guard (an unbacked one cannot be guarded)."""
+    torch._check(t.dim() == len(shape), message)
+    for size, expected in zip(t.shape, shape):
+        torch._check(size == expected, message)
+
+
 def _check_shape(op, name, t, shape, words):
     """t's sizes are `shape`; words: the expected shape as the message says it."""
-    torch._check(
-        t.dim() == len(shape) and all(a == b for a, b in zip(t.shape, shape)),
-        lambda: f"{op}: {name} must have shape {words}, got {list(t.shape)}",
+    _check_same_sizes(t, shape, lambda: f"{op}: {name} must have shape {words}, got {list(t.shape)}")
+
+
+def _check_grad_y(op, grad_y, y):
+    _check_dtype_like(op, "grad_y", grad_y, "y", y)
+    _check_same_sizes(
+        grad_y, y.shape, lambda: f"{op}: grad_y must have the shape of y {list(y.shape)}, got {list(grad_y.shape)}"
     )
 
 
@@ -86,9 +101,10 @@ def _check_nonlinearity(op, nonlinearity):
     )
 
 
-def _check_problem(op, x_name, x, h0, w_hh, lengths, nonlinearity, sizes=None):
+def _check_problem(op, x_name, x, h0, w_hh, nonlinearity, sizes=None):
     """check_problem's: h0 [B, H] and w_hh [H, H] against x [T, B, H] (sizes
-    gives them where x is not that: a layer's x [T, B, I]). Returns (T, B, H)."""
+    gives them where x is not that: a layer's x [T, B, I]). Returns (T, B, H).
+    lengths are checked after every other argument, as host_lengths runs."""
     if sizes is None:
         _check_rank(op, x_name, x, 3, "[steps, batch, hidden]")
     _check_float(op, x_name, x)
@@ -100,14 +116,15 @@ def _check_problem(op, x_name, x, h0, w_hh, lengths, nonlinearity, sizes=None):
     _check_shape(op, "h0", h0, (batch, hidden), f"[batch={batch}, hidden={hidden}]")
     _check_shape(op, "w_hh", w_hh, (hidden, hidden), f"[hidden={hidden}, hidden={hidden}]")
     _check_nonlinearity(op, nonlinearity)
-    _check_lengths(op, lengths, batch)
     return steps, batch, hidden
 
 
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
     _check_devices("prnn::forward", "xp", xp, (("h0", h0), ("w_hh", w_hh)), lengths)
-    return _outputs(xp, *_check_problem("prnn::forward", "xp", xp, h0, w_hh, lengths, nonlinearity))
+    steps, batch, hidden = _check_problem("prnn::forward", "xp", xp, h0, w_hh, nonlinearity)
+    _check_lengths("prnn::forward", lengths, batch)
+    return _outputs(xp, steps, batch, hidden)
 
 
 def _outputs(like, steps, batch, hidden):
@@ -138,7 +155,8 @@ def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
             _check_rank(op, name, b, 1, "[hidden]")
             _check_dtype_like(op, name, b, "x", x)
             _check_shape(op, name, b, (hidden,), f"[hidden={hidden}]")
-    _check_problem("prnn::forward", "xp", x, h0, w_hh, lengths, nonlinearity, (steps, batch, hidden))
+    _check_problem("prnn::forward", "xp", x, h0, w_hh, nonlinearity, (steps, batch, hidden))
+    _check_lengths("prnn::forward", lengths, batch)
     return _outputs(x, steps, batch, hidden)
 
 
@@ -146,12 +164,9 @@ def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
 def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity, h0_grad=True):
     op = "prnn::backward"
     _check_devices(op, "y", y, (("h0", h0), ("w_hh", w_hh), ("grad_y", grad_y)), lengths)
-    _check_problem(op, "y", y, h0, w_hh, lengths, nonlinearity)
-    _check_dtype_like(op, "grad_y", grad_y, "y", y)
-    torch._check(
-        grad_y.dim() == y.dim() and all(a == b for a, b in zip(grad_y.shape, y.shape)),
-        lambda: f"{op}: grad_y must have the shape of y {list(y.shape)}, got {list(grad_y.shape)}",
-    )
+    _check_problem(op, "y", y, h0, w_hh, nonlinearity)
+    _check_grad_y(op, grad_y, y)
+    _check_lengths(op, lengths, y.shape[1])
     return y.new_empty(y.shape), h0.new_empty(h0.shape if h0_grad else (0,)), w_hh.new_empty(w_hh.shape)
 
 
@@ -166,10 +181,9 @@ def _check_projection(op, w_hr, ref_name, ref, hidden):
     _check_rank(op, "w_hr", w_hr, 2, "[proj_size, hidden]")
     _check_dtype_like(op, "w_hr", w_hr, ref_name, ref)
     torch._check(hidden >= 1, lambda: f"{op}: a projection (w_hr) needs hidden >= 1, got hidden 0")
-    torch._check(
-        w_hr.shape[0] >= 1 and w_hr.shape[1] == hidden,
-        lambda: f"{op}: w_hr must have shape [proj_size >= 1, hidden={hidden}], got {list(w_hr.shape)}",
-    )
+    message = lambda: f"{op}: w_hr must have shape [proj_size >= 1, hidden={hidden}], got {list(w_hr.shape)}"  # noqa: E731
+    torch._check(w_hr.shape[0] >= 1, message)
+    torch._check(w_hr.shape[1] == hidden, message)
     return w_hr.shape[0]
 
 
@@ -218,11 +232,7 @@ def _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh
     rows, state_name = f"{gates}*hidden", "proj_size" if w_hr is not None else "hidden"
     _check_rank(op, "y", y, 3, f"[steps, batch, {state_name}]")
     _check_float(op, "y", y)
-    _check_dtype_like(op, "grad_y", grad_y, "y", y)
-    torch._check(
-        grad_y.dim() == y.dim() and all(a == b for a, b in zip(grad_y.shape, y.shape)),
-        lambda: f"{op}: grad_y must have the shape of y {list(y.shape)}, got {list(grad_y.shape)}",
-    )
+    _check_grad_y(op, grad_y, y)
     _check_rank(op, "w_hh", w_hh, 2, f"[{rows}, {state_name}]")
     _check_dtype_like(op, "w_hh", w_hh, "y", y)
     torch._check(
