@@ -123,6 +123,21 @@ def test_fake_kernels_raise_what_the_real_kernels_raise(name, op, args):
     assert checked >= 10  # the changes reach the checks
 
 
+@pytest.mark.parametrize("name,op,args", CALLS, ids=[c[0] for c in CALLS])
+def test_fake_kernels_check_devices(name, op, args):
+    """One tensor argument on the meta device, the others on the CPU: the
+    dispatcher runs the fake kernel, which names the argument whose device
+    differs (lengths: that it must be on the CPU) instead of returning."""
+    names = [a.name for a in op.default._schema.arguments]
+    for i, (arg_name, a) in enumerate(zip(names, args)):
+        if not isinstance(a, torch.Tensor):
+            continue
+        moved = args[:i] + [a.to("meta")] + args[i + 1:]
+        expected = "lengths must be a CPU tensor" if arg_name == "lengths" else "must be on the device of"
+        with pytest.raises(RuntimeError, match=expected):
+            op(*moved)
+
+
 ELMAN_CALLS = [c for c in CALLS if c[0].split()[0] in ("forward", "layer", "backward")]
 
 

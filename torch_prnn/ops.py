@@ -11,28 +11,11 @@ _TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", 
           "persistent_cluster_grid")
 
 
-def _check_devices(op, x_name, x, others, lengths):
-    """The real kernels' device checks, with their messages. The fake kernel is
-    also the meta kernel, which the dispatcher picks whenever any argument is
-    on the meta device: unchecked, a meta h0 beside a CPU xp would return an
-    uninitialised CPU tensor."""
-    for name, t in others:
-        torch._check(
-            t.device == x.device,
-            lambda: f"{op}: {name} must be on the device of {x_name} ({x.device}), got {t.device}",
-        )
-    if lengths is not None:
-        torch._check(
-            lengths.device.type == "cpu",
-            lambda: f"{op}: lengths must be a CPU tensor (like nn.RNN's batch_sizes), "
-            f"got one on {lengths.device}",
-        )
-
-
-# The real kernels' shape, dtype and nonlinearity checks (csrc/ops/prnn_ops.cpp:
-# check_problem, check_input_projection, check_gated_forward / _backward),
-# with their messages and exception types, on sizes that may be symbolic, so
-# that tracing or a meta call fails where running would. Values (lengths in
+# The real kernels' shape, dtype, device and nonlinearity checks
+# (csrc/ops/prnn_ops.cpp: check_problem, check_input_projection,
+# check_gated_forward / _backward, host_lengths), in their order, with their
+# messages and exception types, on sizes that may be symbolic, so that
+# tracing or a meta call fails where running would. Values (lengths in
 # [0, steps]) are data, which only the real kernels check.
 _FLOAT_TYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
@@ -61,10 +44,17 @@ def _check_float(op, name, t):
     )
 
 
-def _check_dtype_like(op, name, t, ref_name, ref):
+def _check_like(op, name, t, ref_name, ref):
+    """check_like's: t has ref's dtype and device. The fake kernel is also
+    the meta kernel, which the dispatcher picks whenever any argument is on
+    the meta device: unchecked, a meta h0 beside a CPU xp would return an
+    uninitialised CPU tensor."""
     torch._check(
         t.dtype == ref.dtype,
         lambda: f"{op}: {name} must have the dtype of {ref_name} ({_type_name(ref.dtype)}), got {_type_name(t.dtype)}",
+    )
+    torch._check(
+        t.device == ref.device, lambda: f"{op}: {name} must be on the device of {ref_name} ({ref.device}), got {t.device}"
     )
 
 
@@ -82,15 +72,20 @@ def _check_shape(op, name, t, shape, words):
 
 
 def _check_grad_y(op, grad_y, y):
-    _check_dtype_like(op, "grad_y", grad_y, "y", y)
+    _check_like(op, "grad_y", grad_y, "y", y)
     _check_same_sizes(
         grad_y, y.shape, lambda: f"{op}: grad_y must have the shape of y {list(y.shape)}, got {list(grad_y.shape)}"
     )
 
 
 def _check_lengths(op, lengths, batch):
+    """host_lengths': on the CPU, int64, [batch]."""
     if lengths is None:
         return
+    torch._check(
+        lengths.device.type == "cpu",
+        lambda: f"{op}: lengths must be a CPU tensor (like nn.RNN's batch_sizes), got one on {lengths.device}",
+    )
     torch._check(lengths.dtype == torch.int64, lambda: f"{op}: lengths must be int64, got {_type_name(lengths.dtype)}")
     _check_shape(op, "lengths", lengths, (batch,), f"[batch={batch}]")
 
@@ -110,8 +105,8 @@ def _check_problem(op, x_name, x, h0, w_hh, nonlinearity, sizes=None):
     _check_float(op, x_name, x)
     _check_rank(op, "h0", h0, 2, "[batch, hidden]")
     _check_rank(op, "w_hh", w_hh, 2, "[hidden, hidden]")
-    _check_dtype_like(op, "h0", h0, x_name, x)
-    _check_dtype_like(op, "w_hh", w_hh, x_name, x)
+    _check_like(op, "h0", h0, x_name, x)
+    _check_like(op, "w_hh", w_hh, x_name, x)
     steps, batch, hidden = sizes if sizes is not None else x.shape
     _check_shape(op, "h0", h0, (batch, hidden), f"[batch={batch}, hidden={hidden}]")
     _check_shape(op, "w_hh", w_hh, (hidden, hidden), f"[hidden={hidden}, hidden={hidden}]")
@@ -121,7 +116,6 @@ def _check_problem(op, x_name, x, h0, w_hh, nonlinearity, sizes=None):
 
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
-    _check_devices("prnn::forward", "xp", xp, (("h0", h0), ("w_hh", w_hh)), lengths)
     steps, batch, hidden = _check_problem("prnn::forward", "xp", xp, h0, w_hh, nonlinearity)
     _check_lengths("prnn::forward", lengths, batch)
     return _outputs(xp, steps, batch, hidden)
@@ -136,14 +130,10 @@ def _outputs(like, steps, batch, hidden):
 @torch.library.register_fake("prnn::layer")
 def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
     op = "prnn::layer"
-    projection = [("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh)]
-    _check_devices(op, "x", x, [(n, t) for n, t in projection if t is not None], None)
-    # The recurrence's with prnn::forward's messages, as the real kernels raise them (xp is on x's device).
-    _check_devices("prnn::forward", "xp", x, (("h0", h0), ("w_hh", w_hh)), lengths)
     _check_rank(op, "x", x, 3, "[steps, batch, input]")
     _check_float(op, "x", x)
     _check_rank(op, "w_ih", w_ih, 2, "[hidden, input]")
-    _check_dtype_like(op, "w_ih", w_ih, "x", x)
+    _check_like(op, "w_ih", w_ih, "x", x)
     steps, batch, hidden = x.shape[0], x.shape[1], w_ih.shape[0]
     torch._check(
         w_ih.shape[1] == x.shape[2],
@@ -153,8 +143,9 @@ def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
     for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
         if b is not None:
             _check_rank(op, name, b, 1, "[hidden]")
-            _check_dtype_like(op, name, b, "x", x)
+            _check_like(op, name, b, "x", x)
             _check_shape(op, name, b, (hidden,), f"[hidden={hidden}]")
+    # The recurrence's with prnn::forward's messages, as the real kernels raise them (xp is on x's device).
     _check_problem("prnn::forward", "xp", x, h0, w_hh, nonlinearity, (steps, batch, hidden))
     _check_lengths("prnn::forward", lengths, batch)
     return _outputs(x, steps, batch, hidden)
@@ -163,7 +154,6 @@ def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
 @torch.library.register_fake("prnn::backward")
 def _backward_fake(grad_y, y, h0, w_hh, lengths, nonlinearity, h0_grad=True):
     op = "prnn::backward"
-    _check_devices(op, "y", y, (("h0", h0), ("w_hh", w_hh), ("grad_y", grad_y)), lengths)
     _check_problem(op, "y", y, h0, w_hh, nonlinearity)
     _check_grad_y(op, grad_y, y)
     _check_lengths(op, lengths, y.shape[1])
@@ -179,7 +169,7 @@ def _check_projection(op, w_hr, ref_name, ref, hidden):
     if w_hr is None:
         return 0
     _check_rank(op, "w_hr", w_hr, 2, "[proj_size, hidden]")
-    _check_dtype_like(op, "w_hr", w_hr, ref_name, ref)
+    _check_like(op, "w_hr", w_hr, ref_name, ref)
     torch._check(hidden >= 1, lambda: f"{op}: a projection (w_hr) needs hidden >= 1, got hidden 0")
     message = lambda: f"{op}: w_hr must have shape [proj_size >= 1, hidden={hidden}], got {list(w_hr.shape)}"  # noqa: E731
     torch._check(w_hr.shape[0] >= 1, message)
@@ -189,7 +179,7 @@ def _check_projection(op, w_hr, ref_name, ref, hidden):
 
 def _check_state(op, name, t, ref_name, ref, batch, width_name, width):
     _check_rank(op, name, t, 2, f"[batch, {width_name}]")
-    _check_dtype_like(op, name, t, ref_name, ref)
+    _check_like(op, name, t, ref_name, ref)
     _check_shape(op, name, t, (batch, width), f"[batch={batch}, {width_name}={width}]")
 
 
@@ -204,7 +194,7 @@ def _check_gated_forward(op, xp, b_hh, h0, c0, w_hh, w_hr, lengths):
     _check_rank(op, "xp", xp, 3, f"[steps, batch, {rows}]")
     _check_float(op, "xp", xp)
     _check_rank(op, "w_hh", w_hh, 2, f"[{rows}, {state_name}]")
-    _check_dtype_like(op, "w_hh", w_hh, "xp", xp)
+    _check_like(op, "w_hh", w_hh, "xp", xp)
     steps, batch = xp.shape[0], xp.shape[1]
     torch._check(
         xp.shape[2] % gates == 0,
@@ -220,7 +210,7 @@ def _check_gated_forward(op, xp, b_hh, h0, c0, w_hh, w_hr, lengths):
     _check_w_hh(op, w_hh, gates, rows, hidden, state_name, state)
     if b_hh is not None:
         _check_rank(op, "b_hh", b_hh, 1, f"[{rows}]")
-        _check_dtype_like(op, "b_hh", b_hh, "xp", xp)
+        _check_like(op, "b_hh", b_hh, "xp", xp)
         _check_shape(op, "b_hh", b_hh, (gates * hidden,), f"[{rows}={gates * hidden}]")
     _check_lengths(op, lengths, batch)
     return steps, batch, hidden, state
@@ -234,7 +224,7 @@ def _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh
     _check_float(op, "y", y)
     _check_grad_y(op, grad_y, y)
     _check_rank(op, "w_hh", w_hh, 2, f"[{rows}, {state_name}]")
-    _check_dtype_like(op, "w_hh", w_hh, "y", y)
+    _check_like(op, "w_hh", w_hh, "y", y)
     torch._check(
         w_hh.shape[0] % gates == 0,
         lambda: f"{op}: w_hh must have shape [{rows}, {state_name}]: its first size must be a multiple of "
@@ -251,7 +241,7 @@ def _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh
     if c0 is not None:
         _check_state(op, "c0", c0, "y", y, batch, "hidden", hidden)
     _check_rank(op, "saved", saved, 3, "[steps, batch, saved values*hidden]")
-    _check_dtype_like(op, "saved", saved, "y", y)
+    _check_like(op, "saved", saved, "y", y)
     _check_shape(
         op, "saved", saved, (steps, batch, saved_values * hidden),
         f"[steps={steps}, batch={batch}, {saved_values}*hidden={saved_values * hidden}] (the forward's, with save=True)",
@@ -267,8 +257,6 @@ def _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh
 @torch.library.register_fake("prnn::lstm")
 def _lstm_fake(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save=False):
     op = "prnn::lstm"
-    others = [("b_hh", b_hh), ("h0", h0), ("c0", c0), ("w_hh", w_hh), ("w_hr", w_hr)]
-    _check_devices(op, "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
     steps, batch, hidden, state = _check_gated_forward(op, xp, b_hh, h0, c0, w_hh, w_hr, lengths)
     saved = xp.new_empty((steps, batch, 5 * hidden) if save else (0,))
     return xp.new_empty((steps, batch, state)), xp.new_empty((batch, state)), xp.new_empty((batch, hidden)), saved
@@ -277,8 +265,6 @@ def _lstm_fake(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save=False):
 @torch.library.register_fake("prnn::gru")
 def _gru_fake(xp, b_hh, h0, w_hh, lengths, save=False):
     op = "prnn::gru"
-    others = [("b_hh", b_hh), ("h0", h0), ("w_hh", w_hh)]
-    _check_devices(op, "xp", xp, [(n, t) for n, t in others if t is not None], lengths)
     steps, batch, hidden, _ = _check_gated_forward(op, xp, b_hh, h0, None, w_hh, None, lengths)
     saved = xp.new_empty((steps, batch, 4 * hidden) if save else (0,))
     return xp.new_empty((steps, batch, hidden)), xp.new_empty((batch, hidden)), saved
@@ -287,9 +273,6 @@ def _gru_fake(xp, b_hh, h0, w_hh, lengths, save=False):
 @torch.library.register_fake("prnn::lstm_backward")
 def _lstm_backward_fake(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths):
     op = "prnn::lstm_backward"
-    others = [("grad_y", grad_y), ("grad_h_n", grad_h_n), ("grad_c_n", grad_c_n), ("h0", h0), ("c0", c0),
-              ("saved", saved), ("w_hh", w_hh), ("w_hr", w_hr)]
-    _check_devices(op, "y", y, [(n, t) for n, t in others if t is not None], lengths)
     steps, batch, hidden = _check_gated_backward(op, grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr,
                                                  lengths)
     return (
@@ -305,8 +288,6 @@ def _lstm_backward_fake(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr
 @torch.library.register_fake("prnn::gru_backward")
 def _gru_backward_fake(grad_y, grad_h_n, h0, y, saved, w_hh, lengths):
     op = "prnn::gru_backward"
-    others = [("grad_y", grad_y), ("grad_h_n", grad_h_n), ("h0", h0), ("saved", saved), ("w_hh", w_hh)]
-    _check_devices(op, "y", y, [(n, t) for n, t in others if t is not None], lengths)
     steps, batch, hidden = _check_gated_backward(op, grad_y, grad_h_n, None, h0, None, y, saved, w_hh, None,
                                                  lengths)
     return (
