@@ -63,6 +63,20 @@ def test_limits_follow_the_measurements():
     assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
 
 
+@pytest.mark.parametrize("autocast_dtype", [torch.float16, torch.bfloat16])
+def test_cuda_autocast_takes_the_limits_of_its_dtype(monkeypatch, autocast_dtype):
+    """Under CUDA autocast a float32 module computes in the autocast dtype
+    (the ops' autocast rule; nn's call too): the hand-over follows that
+    dtype's limits, not float32's (B = 64 H = 1024: torch in float32, ours in
+    16 bits). Autocast's state is stubbed: this runs without a GPU."""
+    assert _crossover.torch_runs("rnn", torch.float32, "cuda", 64, 1024)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: autocast_dtype)
+    assert not _crossover.torch_runs("rnn", torch.float32, "cuda", 64, 1024)
+    assert _crossover.torch_runs("rnn", torch.float32, "cuda", 512, 1024)
+    assert not _crossover.torch_runs("rnn", torch.float64, "cuda", 4096, 4096)  # float64: not autocast's
+
+
 @pytest.mark.parametrize("clusters", [True, False])
 def test_gated_limits_follow_the_cluster_family(monkeypatch, clusters):
     """The 16-bit gated cells' limits where the cluster family runs (sm_90

@@ -192,6 +192,10 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         return cell in _CPU_TORCH_CELLS and hidden >= _CPU_TORCH_MIN_HIDDEN
     if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
+    if torch.is_autocast_enabled("cuda"):
+        # The ops then compute in the autocast dtype (ops.py's rule), and so
+        # does nn's call: the limits of that dtype hold.
+        dtype = torch.get_autocast_dtype("cuda")
     if proj_size > 0:  # our stepwise tier
         return True
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
