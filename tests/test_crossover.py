@@ -63,18 +63,27 @@ def test_limits_follow_the_measurements():
     assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
 
 
-@pytest.mark.parametrize("autocast_dtype", [torch.float16, torch.bfloat16])
-def test_cuda_autocast_takes_the_limits_of_its_dtype(monkeypatch, autocast_dtype):
-    """Under CUDA autocast a float32 module computes in the autocast dtype
-    (the ops' autocast rule; nn's call too): the hand-over follows that
-    dtype's limits, not float32's (B = 64 H = 1024: torch in float32, ours in
-    16 bits). Autocast's state is stubbed: this runs without a GPU."""
-    assert _crossover.torch_runs("rnn", torch.float32, "cuda", 64, 1024)
+@pytest.mark.parametrize("autocast_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_cuda_autocast_takes_16_bit_limits(monkeypatch, autocast_dtype):
+    """Under 16-bit CUDA autocast a float32 module's call computes in 16 bits
+    (ours in the autocast dtype, nn's on cuDNN in float16 whatever it is):
+    the hand-over follows float16's limits, not float32's (B = 64 H = 1024:
+    torch in float32, ours in 16 bits), nor bfloat16's under bfloat16
+    autocast (H = 256 B = 256: ours in bfloat16, torch in float16). Another autocast dtype (torch.autocast takes any on
+    CUDA) leaves the input's limits. Autocast's state is stubbed: this runs
+    without a GPU."""
+    runs = _crossover.torch_runs
+    assert runs("rnn", torch.float32, "cuda", 64, 1024)
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
     monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: autocast_dtype)
-    assert not _crossover.torch_runs("rnn", torch.float32, "cuda", 64, 1024)
-    assert _crossover.torch_runs("rnn", torch.float32, "cuda", 512, 1024)
-    assert not _crossover.torch_runs("rnn", torch.float64, "cuda", 4096, 4096)  # float64: not autocast's
+    sixteen = autocast_dtype in (torch.float16, torch.bfloat16)
+    assert runs("rnn", torch.float32, "cuda", 64, 1024) is not sixteen
+    assert runs("rnn", torch.float32, "cuda", 256, 256)
+    assert runs("rnn", torch.bfloat16, "cuda", 256, 256) is sixteen  # bfloat16's own limit: ours
+    assert runs("rnn", torch.float32, "cuda", 512, 1024)
+    for cell in ("lstm", "gru"):
+        runs(cell, torch.float32, "cuda", 8, 512)  # a limit for every cell
+    assert not runs("rnn", torch.float64, "cuda", 4096, 4096)  # float64: not autocast's
 
 
 @pytest.mark.parametrize("clusters", [True, False])
