@@ -184,7 +184,7 @@ class _ActivationWithGivenOutput(torch.autograd.Function):
         return grad * ((~(y <= 0)).to(grad.dtype) if ctx.relu else 1 - y * y), None, None
 
 
-def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_from=None):
+def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_from=None, dtype=torch.float64):
     """The op's definition as a float64 loop: h_t = act(xp_t + W_hh h_{t-1});
     past a sequence's length its state is frozen and its outputs are zero.
 
@@ -193,10 +193,11 @@ def reference_forward(xp, h0, w_hh, lengths=None, nonlinearity="tanh", act_grad_
     stored y: the reference for float16 / bfloat16 gradients, where 1 - y^2 of
     a rounded y near +-1 (or relu's y > 0 next to 0) differs from the exact one
     by far more than the rounding of y itself, so element-wise errors of a few
-    percent are the op's definition, not a bug."""
+    percent are the op's definition, not a bug. dtype: the loop's own (torch's
+    implementation in another dtype, whose error against float64 bounds ours)."""
     act = torch.tanh if nonlinearity == "tanh" else torch.relu
-    xp, h, w = xp.double(), h0.double(), w_hh.double()
-    given = None if act_grad_from is None else act_grad_from.detach().double()
+    xp, h, w = xp.to(dtype), h0.to(dtype), w_hh.to(dtype)
+    given = None if act_grad_from is None else act_grad_from.detach().to(dtype)
     ys = []
     for t in range(xp.shape[0]):
         pre = xp[t] + h @ w.t()
