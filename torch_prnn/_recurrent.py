@@ -297,9 +297,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            check_batch_sizes_type(batch_sizes)
-            batch = _packed_batch(batch_sizes, sorted_indices, None if states is None else states[0])
-            x, lengths, rows = _pad(data, batch_sizes, batch)
+            x, lengths, rows = pad_packed(data, batch_sizes, sorted_indices, None if states is None else states[0])
         else:
             if input.dim() not in (2, 3):
                 raise ValueError(self._input_dim_error.format(input.dim()))
@@ -408,9 +406,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
     def _script_packed(self, input: PackedSequence, states: list[Tensor] | None):
         data, batch_sizes, sorted_indices, unsorted_indices = input
         self._check_input(data, expected_dim=2)
-        check_batch_sizes_type(batch_sizes)
-        batch = _packed_batch(batch_sizes, sorted_indices, None if states is None else states[0])
-        x, lengths, rows = _pad(data, batch_sizes, batch)
+        x, lengths, rows = pad_packed(data, batch_sizes, sorted_indices, None if states is None else states[0])
         output, finals = self._script_layers(x, states, lengths, rows, sorted_indices)
         output = output.flatten(0, 1).index_select(0, rows)
         if unsorted_indices is not None:
@@ -623,6 +619,14 @@ def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor
         if hx is not None and hx.dim() == 3:
             return hx.shape[1]
     return int(batch_sizes[0])  # empty: IndexError, as nn's modules raise
+
+
+def pad_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Tensor | None,
+               hx: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """A PackedSequence's rows padded (_pad), its batch read as _packed_batch
+    reads it (hx: the first state as the caller gave it, or None)."""
+    check_batch_sizes_type(batch_sizes)
+    return _pad(data, batch_sizes, _packed_batch(batch_sizes, sorted_indices, hx))
 
 
 def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _crossover, _recurrent, _short
-from ._recurrent import _flip, _packed_batch, _pad, _time_indices
+from ._recurrent import _flip, _time_indices
 
 
 # The op overloads themselves: the packet's name lookup and dispatch cost host time per call.
@@ -203,9 +203,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            _recurrent.check_batch_sizes_type(batch_sizes)
-            batch = _packed_batch(batch_sizes, sorted_indices, hx)
-            x, lengths, rows = _pad(data, batch_sizes, batch)
+            x, lengths, rows = _recurrent.pad_packed(data, batch_sizes, sorted_indices, hx)
             if hx is not None and sorted_indices is not None:
                 # hx is in the caller's batch order; the padded batch is sorted.
                 # Its shape first (nn.RNN permutes first): a batch too small
