@@ -54,6 +54,19 @@ inline prnn_status_t remember_capacity(int *known, cudaError_t err, int count, c
   return PRNN_STATUS_SUCCESS;
 }
 
+/* The persistent families' launch: the workspace zeroed on the stream (their
+ * exchange words or flags start at zero), then one cooperative launch of
+ * `kernel` with `args`; `what` names the kernel in an error. */
+inline prnn_status_t launch_cooperative_zeroed(const void *kernel, int grid, int block, void **args, size_t smem,
+                                               void *workspace, size_t workspace_bytes, cudaStream_t stream,
+                                               const char *what) {
+  cudaError_t err = cudaMemsetAsync(workspace, 0, workspace_bytes, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
+  err = cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(block), args, smem, stream);
+  if (err != cudaSuccess) return cuda_fail(err, what);
+  return PRNN_STATUS_SUCCESS;
+}
+
 /* The workspace must hold `needed` bytes and, when any is needed, be aligned
  * to PRNN_WORKSPACE_ALIGNMENT (the kernels read it 16 bytes at a time). */
 inline prnn_status_t check_workspace(const void *workspace, size_t given, size_t needed) {

@@ -715,12 +715,9 @@ prnn_status_t launch_persistent(const GatedPlan &plan, const prnn_problem_t *, b
   p.persistent.batch_tile = plan.persistent.batch_tile;
   p.persistent.xchg = static_cast<float *>(workspace);
   const prnn_plan_t &s = plan.summary;
-  cudaError_t err = cudaMemsetAsync(workspace, 0, s.workspace_bytes, stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&p};
-  err = cudaLaunchCooperativeKernel(plan.kernel, dim3(s.grid), dim3(kThreads), args, (size_t)s.smem_bytes, stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(gated persistent kernel)");
-  return PRNN_STATUS_SUCCESS;
+  return launch_cooperative_zeroed(plan.kernel, s.grid, kThreads, args, (size_t)s.smem_bytes, workspace,
+                                   s.workspace_bytes, stream, "cudaLaunchCooperativeKernel(gated persistent kernel)");
 }
 
 }  // namespace

@@ -342,12 +342,9 @@ prnn_status_t launch(const GatedPlan &plan, const prnn_problem_t *, bool, GatedP
   p.group.seqs = plan.group.seqs;
   p.group.words = static_cast<unsigned long long *>(workspace);
   const prnn_plan_t &s = plan.summary;
-  cudaError_t err = cudaMemsetAsync(workspace, 0, s.workspace_bytes, stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&p};
-  err = cudaLaunchCooperativeKernel(plan.kernel, dim3(s.grid), dim3(kMmaThreads), args, (size_t)s.smem_bytes, stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(gated grid kernel)");
-  return PRNN_STATUS_SUCCESS;
+  return launch_cooperative_zeroed(plan.kernel, s.grid, kMmaThreads, args, (size_t)s.smem_bytes, workspace,
+                                   s.workspace_bytes, stream, "cudaLaunchCooperativeKernel(gated grid kernel)");
 }
 
 }  // namespace

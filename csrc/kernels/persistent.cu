@@ -146,12 +146,9 @@ prnn_status_t launch(const ElmanPlan &plan, const prnn_problem_t *, RecurrencePa
   const prnn_plan_t &s = plan.summary;
   params.grid.hidden_padded = plan.grid.hidden_padded;
   params.exchange = static_cast<unsigned long long *>(workspace);
-  cudaError_t err = cudaMemsetAsync(workspace, 0, s.workspace_bytes, stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync");
   void *args[] = {&params};
-  err = cudaLaunchCooperativeKernel(plan.kernel, dim3(s.grid), dim3(s.block), args, (size_t)s.smem_bytes, stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(persistent_rnn_kernel)");
-  return PRNN_STATUS_SUCCESS;
+  return launch_cooperative_zeroed(plan.kernel, s.grid, s.block, args, (size_t)s.smem_bytes, workspace,
+                                   s.workspace_bytes, stream, "cudaLaunchCooperativeKernel(persistent_rnn_kernel)");
 }
 
 }  // namespace

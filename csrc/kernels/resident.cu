@@ -896,13 +896,10 @@ prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem, 
   p.control = reinterpret_cast<Control *>(ws);
   p.x_relay = ws + l.x_relay_offset;
   p.state = reinterpret_cast<float *>(ws + l.state_offset);
-  err = cudaMemsetAsync(workspace, 0, l.workspace_bytes, (cudaStream_t)stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaMemsetAsync(resident workspace)");
   void *kernel_args[] = {&p};
-  err = cudaLaunchCooperativeKernel((const void *)l.kernel, dim3(l.grid), dim3(kThreads), kernel_args, l.smem_bytes,
-                                    (cudaStream_t)stream);
-  if (err != cudaSuccess) return cuda_fail(err, "cudaLaunchCooperativeKernel(resident kernel)");
-  return PRNN_STATUS_SUCCESS;
+  return launch_cooperative_zeroed((const void *)l.kernel, l.grid, kThreads, kernel_args, l.smem_bytes, workspace,
+                                   l.workspace_bytes, (cudaStream_t)stream,
+                                   "cudaLaunchCooperativeKernel(resident kernel)");
 }
 
 }  // extern "C"
