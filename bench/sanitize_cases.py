@@ -58,6 +58,8 @@ LAYER_CASES = [  # (T, B, I, H, dtype, with lengths): the projection fused, seve
     (9, 2, 40, 1024, torch.float16, False),  # rows 16-byte aligned: cp.async
     (40, 4, 24, 1100, torch.bfloat16, True),  # the tensor-core kernel's 72-row shape; 5 chunks of 8 steps
     (70, 1, 7, 129, torch.float32, False),
+    (1, 16, 999, 1024, torch.float32, False),  # the few-steps kernel: element loads, four sequence tiles
+    (2, 3, 64, 520, torch.bfloat16, False),  # the few-steps kernel: 16-byte loads, two steps
 ]
 
 for T, B, I, H, dtype, with_lengths in LAYER_CASES:

@@ -8,7 +8,7 @@ from torch import Tensor
 from . import _crossover
 
 _TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster",
-          "persistent_cluster_grid")
+          "persistent_cluster_grid", "few_steps")
 
 
 # The real kernels' shape, dtype, device and nonlinearity checks

@@ -10,6 +10,7 @@
 
 #include "cuda_status.cuh"
 #include "elman_family.cuh"
+#include "few_steps.cuh"
 #include "gated.cuh"
 #include "prnn_internal.h"
 
@@ -89,8 +90,9 @@ const ElmanFamily *const kElmanFamilies[] = {&cluster_family, &cluster_ffma_fami
                                              &persistent_family, &stepwise_family};
 
 /* How a problem runs on `device`: the recurrence alone (input = 0), or the
- * whole layer with its input projection fused (input > 0; only the families
- * that fuse it are asked). */
+ * whole layer with its input projection fused (input > 0: the few-steps
+ * kernel where it takes the layer, which leaves out->family NULL, else only
+ * the families that fuse it are asked; PRNN_FUSED_PROJECTION=0 forbids both). */
 prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPlan *out) {
   memset(out, 0, sizeof *out);
   prnn_status_t st = prnn_check_problem(pb);
@@ -103,6 +105,10 @@ prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPla
   ElmanRequest request = {pb, input, device, {}};
   st = elman_device(device, &request.dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
+  if (request.dev.fuse_projection >= 0 && few_steps_takes(pb, input)) {
+    few_steps_plan(pb, &out->summary);
+    return PRNN_STATUS_SUCCESS;
+  }
   bool taken = false;
   st = ask_families(kElmanFamilies, request,
                     [input](const ElmanFamily &family) { return input == 0 || family.fuses_projection; }, out, &taken);
@@ -115,9 +121,10 @@ prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPla
   return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel runs this problem"); /* the stepwise tier takes or fails */
 }
 
-/* Shared by both passes: plan, check the workspace, launch the chosen family's kernel. */
+/* Shared by both passes: plan, check the workspace, launch the chosen family's
+ * kernel; then, with h_n (a layer's forward), its final state. */
 prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, const InputProjection &proj,
-                  void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+                  void *h_n, void *workspace, size_t workspace_bytes, cudaStream_t stream) {
   int device = 0;
   const cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
@@ -126,7 +133,10 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, cons
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = check_workspace(workspace, workspace_bytes, pl.summary.workspace_bytes);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  return pl.family->launch(pl, pb, params, proj, workspace, stream);
+  if (pl.family == NULL) return few_steps_layer(pb, params, proj, h_n, stream); /* it writes h_n */
+  st = pl.family->launch(pl, pb, params, proj, workspace, stream);
+  if (st != PRNN_STATUS_SUCCESS || h_n == NULL) return st;
+  return launch_final_state(pb, params, h_n, stream);
 }
 
 /* The fields both passes fill alike. */
@@ -204,7 +214,7 @@ prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem, const prnn_forwar
   p.in_stride_b = args->xp_stride_b;
   p.h0 = args->h0;
   p.h0_stride_b = args->h0_stride_b;
-  return run(problem, p, InputProjection{}, workspace, workspace_bytes, (cudaStream_t)stream);
+  return run(problem, p, InputProjection{}, NULL, workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem, const prnn_layer_args_t *args,
@@ -226,7 +236,7 @@ prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem, const prnn_
   proj.w_stride = args->w_ih_stride;
   proj.b_ih = args->b_ih;
   proj.b_hh = args->b_hh;
-  return run(problem, p, proj, workspace, workspace_bytes, (cudaStream_t)stream);
+  return run(problem, p, proj, args->h_n, workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem, const prnn_backward_args_t *args,
@@ -239,7 +249,7 @@ prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem, const prnn_
   p.in_stride_t = args->grad_y_stride_t;
   p.in_stride_b = args->grad_y_stride_b;
   p.y = args->y;
-  return run(problem, p, InputProjection{}, workspace, workspace_bytes, (cudaStream_t)stream);
+  return run(problem, p, InputProjection{}, NULL, workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 }  // extern "C"

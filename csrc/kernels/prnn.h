@@ -104,11 +104,16 @@ typedef enum prnn_tier {
                                        cells: 16 bits up to H = 512, a CTA holding all
                                        gate rows of its units (forward) or their columns
                                        of W_hh (backward) */
-  PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6 /* several clusters at once (sm_90, H 1153 to 2048, B >= 5):
+  PRNN_TIER_PERSISTENT_CLUSTER_GRID = 6, /* several clusters at once (sm_90, H 1153 to 2048, B >= 5):
                                        W_hh over ceil(H / 160) clusters of 8 CTAs (8 to 13), 20
                                        rows a CTA, 4 of each warp's 5 rows in registers and 1 in
                                        shared memory; groups of 8 sequences; the state exchanged
                                        through L2 and multicast into each cluster; FFMA */
+  PRNN_TIER_FEW_STEPS = 7           /* a whole layer (prnn_layer_forward_cuda) of a few steps of a
+                                       small batch (T = 1 with B <= 16, T = 2 with
+                                       B <= 4; no lengths): one plain launch a
+                                       step computes its input projection and recurrence, W_ih and
+                                       W_hh read from L2/HBM each step; no workspace */
 } prnn_tier_t;
 
 /* Name of a tier, e.g. "persistent_registers". */
@@ -172,6 +177,8 @@ typedef struct prnn_layer_args {
   int64_t w_hh_stride;
   const int32_t *lengths;
   void *y;
+  void *h_n;                 /* batch x hidden, contiguous, or NULL: also written with the state
+                                after each sequence's last step (h0 at length 0) */
 } prnn_layer_args_t;
 
 /* What the plan query says about a problem. */
@@ -212,12 +219,13 @@ prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem,
                                       void *workspace, size_t workspace_bytes,
                                       prnn_stream_t stream);
 
-/* A whole layer's forward in one CUDA launch, where a kernel can fuse the
- * input projection: CTAs the recurrence leaves idle compute xp chunk by chunk
- * of steps while the others step through the chunks done (the cluster tier's
- * FFMA kernel in float32 and its tensor-core kernel in 16 bits, H <= 1152,
- * when the device holds enough clusters beside the batch's for the
- * projection to keep ahead). Elsewhere both return
+/* A whole layer's forward with its input projection fused: for a few steps
+ * of a small batch, a launch a step computing both (PRNN_TIER_FEW_STEPS);
+ * else in one launch, CTAs the recurrence leaves idle computing xp chunk by
+ * chunk of steps while the others step through the chunks done (the cluster
+ * tier's FFMA kernel in float32 and its tensor-core kernel in 16 bits,
+ * H <= 1152, when the device holds enough clusters beside the batch's for
+ * the projection to keep ahead). Elsewhere both return
  * PRNN_STATUS_NOT_SUPPORTED (the plan's tier NONE): the caller then computes
  * xp itself (one GEMM) and calls prnn_forward_cuda. */
 prnn_status_t prnn_plan_layer_cuda(const prnn_problem_t *problem, int64_t input, int device,

@@ -48,6 +48,7 @@ const char *prnn_tier_string(prnn_tier_t tier) {
     case PRNN_TIER_STEPWISE: return "stepwise";
     case PRNN_TIER_PERSISTENT_CLUSTER: return "persistent_cluster";
     case PRNN_TIER_PERSISTENT_CLUSTER_GRID: return "persistent_cluster_grid";
+    case PRNN_TIER_FEW_STEPS: return "few_steps";
   }
   return "unknown";
 }

@@ -56,7 +56,8 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::
 }
 
 // prnn::layer in one launch where a kernel fuses the input projection (the
-// C API's layer plan says so), else the projection's GEMM and prnn::forward.
+// C API's layer plan says so; a few steps, a launch a step), else the
+// projection's GEMM and prnn::forward. The C API writes h_n too.
 std::tuple<at::Tensor, at::Tensor> layer_cuda(
     const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
     const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const at::Tensor& w_hh,
@@ -75,6 +76,7 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
 
   const at::Tensor host_lengths32 = host_lengths("prnn::forward", lengths, problem);  // its messages
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, x.options());
+  at::Tensor h_n = at::empty({problem.batch, problem.hidden}, x.options());  // written by the C API
   const at::Tensor lengths32 = on_device(op, host_lengths32, x);
   const at::Tensor x_ = unit_last_stride(x), w_ih_ = unit_last_stride(w_ih), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
@@ -91,9 +93,10 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
   args.b_ih = b_ih_.defined() ? b_ih_.const_data_ptr() : nullptr;
   args.b_hh = b_hh_.defined() ? b_hh_.const_data_ptr() : nullptr;
   set_recurrence_args(args, h0_, w_hh_, lengths32, y);
+  args.h_n = h_n.mutable_data_ptr();
   check_status(op, prnn_layer_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                            current_stream()));
-  return {y, final_state(y, h0, lengths)};
+  return {y, h_n};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(

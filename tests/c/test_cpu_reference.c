@@ -1246,7 +1246,7 @@ static void names_group(void) {
   static const prnn_tier_t tiers[] = {PRNN_TIER_NONE, PRNN_TIER_CPU_REFERENCE,
                                       PRNN_TIER_PERSISTENT_REGISTERS, PRNN_TIER_PERSISTENT_SHARED,
                                       PRNN_TIER_STEPWISE, PRNN_TIER_PERSISTENT_CLUSTER,
-                                      PRNN_TIER_PERSISTENT_CLUSTER_GRID};
+                                      PRNN_TIER_PERSISTENT_CLUSTER_GRID, PRNN_TIER_FEW_STEPS};
   const char *unknown_status = prnn_status_string((prnn_status_t)99);
   const char *unknown_tier = prnn_tier_string((prnn_tier_t)99);
   int bad = 0;
@@ -1257,7 +1257,7 @@ static void names_group(void) {
     bad += s == NULL || s[0] == '\0' || strcmp(s, unknown_status) == 0;
     for (j = 0; j < i; ++j) bad += strcmp(s, prnn_status_string(statuses[j])) == 0;
   }
-  for (i = 0; i < 7; ++i) {
+  for (i = 0; i < 8; ++i) {
     const char *s = prnn_tier_string(tiers[i]);
     bad += s == NULL || s[0] == '\0' || strcmp(s, unknown_tier) == 0;
     for (j = 0; j < i; ++j) bad += strcmp(s, prnn_tier_string(tiers[j])) == 0;
@@ -1265,7 +1265,8 @@ static void names_group(void) {
   bad += strcmp(prnn_tier_string(PRNN_TIER_PERSISTENT_REGISTERS), "persistent_registers") != 0;
   bad += strcmp(prnn_tier_string(PRNN_TIER_PERSISTENT_CLUSTER), "persistent_cluster") != 0;
   bad += strcmp(prnn_tier_string(PRNN_TIER_PERSISTENT_CLUSTER_GRID), "persistent_cluster_grid") != 0;
-  printf("%s names: 6 statuses, 7 tiers (e.g. %s, %s)\n", bad ? "FAIL" : "ok  ",
+  bad += strcmp(prnn_tier_string(PRNN_TIER_FEW_STEPS), "few_steps") != 0;
+  printf("%s names: 6 statuses, 8 tiers (e.g. %s, %s)\n", bad ? "FAIL" : "ok  ",
          prnn_status_string(PRNN_STATUS_WORKSPACE_TOO_SMALL), prnn_tier_string(PRNN_TIER_CPU_REFERENCE));
   failures += bad;
 }
