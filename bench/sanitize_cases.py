@@ -5,7 +5,8 @@ layers (prnn::layer) whose input projection runs in the recurrence's launch.
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_cases.py [tier ...]
 
 With tier names (e.g. persistent_cluster) only the cases planned on those tiers run;
-with "layers", only the whole layers; with "gated", only the LSTM and GRU cases.
+with "layers", only the whole layers; with "gated", only the LSTM and GRU cases (also
+prnn::gated_layer's).
 """
 import sys
 
@@ -118,3 +119,23 @@ for cell, T, B, H, P, dtype, with_lengths in GATED_CASES:
     torch.cuda.synchronize()
     print(f"{cell} T={T} B={B} H={H} P={P} {dtype} lengths={with_lengths} tier={tier} backward={backward_tier}: "
           f"finite={bool(torch.isfinite(y).all())}")
+
+GATED_LAYER_CASES = [  # (cell, B, I, H, dtype): prnn::gated_layer at T = 1, the few-steps kernel
+    ("lstm", 16, 999, 640, torch.float32),  # element loads, four sequence tiles
+    ("gru", 3, 64, 520, torch.bfloat16),  # 16-byte loads
+]
+
+for cell, B, I, H, dtype in GATED_LAYER_CASES:
+    tier = torch_prnn.plan(H, batch=B, steps=1, dtype=dtype, device="cuda", cell=cell, input_size=I)["tier"]
+    if len(sys.argv) > 1 and not {tier, "gated"} & set(sys.argv[1:]):
+        continue
+    G = 4 if cell == "lstm" else 3
+    x = torch.randn(1, B, I, device="cuda", dtype=dtype)
+    w_ih = (torch.rand(G * H, I, device="cuda", dtype=dtype) * 2 - 1) * I ** -0.5
+    b_ih, b_hh = torch.randn(G * H, device="cuda", dtype=dtype), torch.randn(G * H, device="cuda", dtype=dtype)
+    h0 = torch.randn(B, H, device="cuda", dtype=dtype)
+    c0 = torch.randn(B, H, device="cuda", dtype=dtype) if cell == "lstm" else None
+    w = (torch.rand(G * H, H, device="cuda", dtype=dtype) * 2 - 1) * H ** -0.5
+    y, h_n, c_n = torch.ops.prnn.gated_layer(x, w_ih, b_ih, b_hh, h0, c0, w, cell.upper())
+    torch.cuda.synchronize()
+    print(f"gated layer {cell} B={B} I={I} H={H} {dtype} tier={tier}: finite={bool(torch.isfinite(y).all())}")

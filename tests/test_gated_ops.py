@@ -615,7 +615,7 @@ def test_plan_cpu():
     assert torch_prnn.plan(33, cell="lstm", proj_size=8, backward=True)["rows_per_cta"] == 8
     gru_plan = torch_prnn.plan(33, batch=4, dtype=torch.float64, cell="gru", lengths=True)
     assert gru_plan["workspace_bytes"] == 4 * 33 * 8 and gru_plan["rows_per_cta"] == 3 * 33
-    # float16 / bfloat16 run in float32 on the CPU; only Elman layers fuse their projection.
+    # float16 / bfloat16 run in float32 on the CPU, which fuses no layer's projection.
     assert torch_prnn.plan(33, batch=4, steps=10, cell="lstm", dtype=torch.bfloat16, input_size=20) == plan
     # The Elman call is unchanged.
     assert torch_prnn.plan(33, batch=4, steps=10)["workspace_bytes"] == 2 * 4 * 33 * 4

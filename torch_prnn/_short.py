@@ -4,7 +4,9 @@ call, and the calls handed to torch's recurrence (torch_prnn/_crossover.py:
 large batches, the CPU's LSTMs). It checks only what decides that the call is
 such a one and valid, then runs every layer in one op, ``torch.ops.prnn.layers``,
 which runs the ops of the regular path in its order with its arguments
-(autograd, autocast and dispatch modes see the same ops), or hands the call
+(autograd, autocast and dispatch modes see the same ops; but a gated layer
+on CUDA that needs no gradient runs as prnn::gated_layer, one launch at
+T = 1), or hands the call
 over with nn's own torch._VF call, on the input as nn passes it, so that a
 handed-over call costs what nn's does. Everything else takes the regular path,
 which raises its own error for bad input: packed input, two directions, a

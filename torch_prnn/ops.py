@@ -127,24 +127,28 @@ def _outputs(like, steps, batch, hidden):
     return like.new_empty((steps, batch, hidden)), like.new_empty((batch, hidden))
 
 
-@torch.library.register_fake("prnn::layer")
-def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
-    op = "prnn::layer"
+def _check_input_projection(op, x, w_ih, b_ih, b_hh, rows="hidden"):
+    """check_input_projection's: x [T, B, I], w_ih [rows, I], both biases or neither [rows]."""
     _check_rank(op, "x", x, 3, "[steps, batch, input]")
     _check_float(op, "x", x)
-    _check_rank(op, "w_ih", w_ih, 2, "[hidden, input]")
+    _check_rank(op, "w_ih", w_ih, 2, f"[{rows}, input]")
     _check_like(op, "w_ih", w_ih, "x", x)
-    steps, batch, hidden = x.shape[0], x.shape[1], w_ih.shape[0]
     torch._check(
         w_ih.shape[1] == x.shape[2],
-        lambda: f"{op}: w_ih must have shape [hidden, input={x.shape[2]}], got {list(w_ih.shape)}",
+        lambda: f"{op}: w_ih must have shape [{rows}, input={x.shape[2]}], got {list(w_ih.shape)}",
     )
     torch._check((b_ih is None) == (b_hh is None), lambda: f"{op}: b_ih and b_hh must both be tensors or both be None")
     for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
         if b is not None:
-            _check_rank(op, name, b, 1, "[hidden]")
+            _check_rank(op, name, b, 1, f"[{rows}]")
             _check_like(op, name, b, "x", x)
-            _check_shape(op, name, b, (hidden,), f"[hidden={hidden}]")
+            _check_shape(op, name, b, (w_ih.shape[0],), f"[{rows}={w_ih.shape[0]}]")
+
+
+@torch.library.register_fake("prnn::layer")
+def _layer_fake(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity):
+    _check_input_projection("prnn::layer", x, w_ih, b_ih, b_hh)
+    steps, batch, hidden = x.shape[0], x.shape[1], w_ih.shape[0]
     # The recurrence's with prnn::forward's messages, as the real kernels raise them (xp is on x's device).
     _check_problem("prnn::forward", "xp", x, h0, w_hh, nonlinearity, (steps, batch, hidden))
     _check_lengths("prnn::forward", lengths, batch)
@@ -270,6 +274,21 @@ def _gru_fake(xp, b_hh, h0, w_hh, lengths, save=False):
     return xp.new_empty((steps, batch, hidden)), xp.new_empty((batch, hidden)), saved
 
 
+@torch.library.register_fake("prnn::gated_layer")
+def _gated_layer_fake(x, w_ih, b_ih, b_hh, h0, c0, w_hh, mode):
+    # gated_layer_forward's checks: its own, the GEMM's, then prnn::lstm's or prnn::gru's on xp.
+    op = "prnn::gated_layer"
+    torch._check_value(mode in ("LSTM", "GRU"), lambda: f"{op}: mode must be 'LSTM' or 'GRU', got '{mode}'")
+    torch._check((c0 is not None) == (mode == "LSTM"), lambda: f"{op}: c0 must be given for an LSTM and only for one")
+    _check_input_projection(op, x, w_ih, b_ih, b_hh, "4*hidden" if mode == "LSTM" else "3*hidden")
+    xp = torch.nn.functional.linear(x, w_ih, b_ih)
+    if mode == "LSTM":
+        y, h_n, c_n, _ = _lstm_fake(xp, b_hh, h0, c0, w_hh, None, None)
+        return y, h_n, c_n
+    y, h_n, _ = _gru_fake(xp, b_hh, h0, w_hh, None)
+    return y, h_n, x.new_empty((0,))
+
+
 @torch.library.register_fake("prnn::lstm_backward")
 def _lstm_backward_fake(grad_y, grad_h_n, grad_c_n, h0, c0, y, saved, w_hh, w_hr, lengths):
     op = "prnn::lstm_backward"
@@ -365,10 +384,12 @@ def plan(
     this build runs it), the workspace it needs, and its launch shape
     (grid, block, rows_per_cta, smem_bytes; 1, 1, rows of W_hh (of W_hh^T
     for ``backward``), 0 on the CPU). ``backward=True`` asks about the
-    backward-data pass. With ``input_size``, the forward of a whole Elman
-    layer (``torch.ops.prnn.layer``): ``fused_input_projection`` says whether
-    its input projection runs inside the recurrence's launch (on CTAs the
-    recurrence leaves idle) rather than as a GEMM before it. ``cell`` is
+    backward-data pass. With ``input_size``, the forward of a whole layer
+    (``torch.ops.prnn.layer``; a gated one called without gradients,
+    ``torch.ops.prnn.gated_layer``): ``fused_input_projection`` says whether
+    its input projection runs inside the recurrence's launches (a few steps a
+    launch a step, or on CTAs the recurrence leaves idle) rather than as a
+    GEMM before it. ``cell`` is
     ``"rnn"``, ``"lstm"`` or ``"gru"`` (``nonlinearity`` is the Elman cell's
     only); ``proj_size`` is an LSTM's projection (0: none). ``module`` says
     what a module call of this shape runs: ``"prnn"``, or ``"torch"`` where

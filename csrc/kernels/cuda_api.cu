@@ -90,9 +90,8 @@ const ElmanFamily *const kElmanFamilies[] = {&cluster_family, &cluster_ffma_fami
                                              &persistent_family, &stepwise_family};
 
 /* How a problem runs on `device`: the recurrence alone (input = 0), or the
- * whole layer with its input projection fused (input > 0: the few-steps
- * kernel where it takes the layer, which leaves out->family NULL, else only
- * the families that fuse it are asked; PRNN_FUSED_PROJECTION=0 forbids both). */
+ * whole layer with its input projection fused (input > 0; only the families
+ * that fuse it are asked). */
 prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPlan *out) {
   memset(out, 0, sizeof *out);
   prnn_status_t st = prnn_check_problem(pb);
@@ -105,10 +104,6 @@ prnn_status_t plan(const prnn_problem_t *pb, int64_t input, int device, ElmanPla
   ElmanRequest request = {pb, input, device, {}};
   st = elman_device(device, &request.dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (request.dev.fuse_projection >= 0 && few_steps_takes(pb, input)) {
-    few_steps_plan(pb, &out->summary);
-    return PRNN_STATUS_SUCCESS;
-  }
   bool taken = false;
   st = ask_families(kElmanFamilies, request,
                     [input](const ElmanFamily &family) { return input == 0 || family.fuses_projection; }, out, &taken);
@@ -133,7 +128,6 @@ prnn_status_t run(const prnn_problem_t *pb, const RecurrenceParams &params, cons
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = check_workspace(workspace, workspace_bytes, pl.summary.workspace_bytes);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  if (pl.family == NULL) return few_steps_layer(pb, params, proj, h_n, stream); /* it writes h_n */
   st = pl.family->launch(pl, pb, params, proj, workspace, stream);
   if (st != PRNN_STATUS_SUCCESS || h_n == NULL) return st;
   return launch_final_state(pb, params, h_n, stream);
@@ -157,6 +151,18 @@ RecurrenceParams params_of(const prnn_problem_t *pb, int backward, const void *w
   return p;
 }
 
+/* Whether the few-steps kernel runs this checked layer (input > 0) on
+ * `device`: it comes before every family; PRNN_FUSED_PROJECTION=0 forbids it
+ * with the other fused projections. */
+prnn_status_t few_steps_on(const prnn_problem_t *pb, int64_t input, int device, bool *takes) {
+  *takes = false;
+  ElmanDevice dev;
+  const prnn_status_t st = elman_device(device, &dev);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  *takes = dev.fuse_projection >= 0 && pb->hidden <= 0x7fffffff && input <= 0x7fffffff && few_steps_takes(pb, input);
+  return PRNN_STATUS_SUCCESS;
+}
+
 /* Both plan queries: plan on `device` (the gated cells' families plan per pass). */
 prnn_status_t plan_on(const prnn_problem_t *problem, prnn_pass_t pass, int64_t input, int device, prnn_plan_t *out) {
   /* Planning sets kernel attributes, which apply to the current device: make
@@ -169,13 +175,22 @@ prnn_status_t plan_on(const prnn_problem_t *problem, prnn_pass_t pass, int64_t i
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d: %s", device, cudaGetErrorString(err));
   }
   prnn_status_t st = prnn_check_problem(problem);
+  bool few_steps = false;
+  if (st == PRNN_STATUS_SUCCESS && input > 0) st = few_steps_on(problem, input, device, &few_steps);
   if (st == PRNN_STATUS_SUCCESS) {
-    if (problem->cell == PRNN_CELL_ELMAN) {
+    if (few_steps) {
+      memset(out, 0, sizeof *out);
+      few_steps_plan(problem, out);
+    } else if (problem->cell == PRNN_CELL_ELMAN) {
       ElmanPlan elman;
       st = plan(problem, input, device, &elman);
       *out = elman.summary;
-    } else if (input > 0) st = prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel fuses the input projection of a gated cell");
-    else st = gated_plan(problem, pass, device, out);
+    } else if (input > 0) {
+      st = prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel fuses the input projection of this gated layer (the "
+                     "few-steps kernel takes one step of at most 16 sequences, without lengths or proj_size)");
+    } else {
+      st = gated_plan(problem, pass, device, out);
+    }
   }
   if (st == PRNN_STATUS_NOT_SUPPORTED) out->tier = PRNN_TIER_NONE;
   if (device != current && (err = cudaSetDevice(current)) != cudaSuccess && st == PRNN_STATUS_SUCCESS)
@@ -220,10 +235,19 @@ prnn_status_t prnn_forward_cuda(const prnn_problem_t *problem, const prnn_forwar
 prnn_status_t prnn_layer_forward_cuda(const prnn_problem_t *problem, const prnn_layer_args_t *args,
                                       void *workspace, size_t workspace_bytes, prnn_stream_t stream) {
   prnn_clear_error();
-  const prnn_status_t st = prnn_check_layer_args(problem, args);
+  prnn_status_t st = prnn_check_layer_args(problem, args);
   if (st != PRNN_STATUS_SUCCESS) return st;
   if (args->input > 0x7fffffff)
     return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "input must be < 2^31, got %lld", (long long)args->input);
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
+  bool few_steps = false;
+  st = few_steps_on(problem, args->input, device, &few_steps);
+  if (st != PRNN_STATUS_SUCCESS) return st;
+  if (few_steps) return few_steps_layer(problem, *args, (cudaStream_t)stream); /* no workspace */
+  if (problem->cell != PRNN_CELL_ELMAN)
+    return prnn_fail(PRNN_STATUS_NOT_SUPPORTED, "no kernel fuses the input projection of this gated layer");
   RecurrenceParams p = params_of(problem, 0, args->w_hh, args->w_hh_stride, args->lengths, args->y);
   p.h0 = args->h0;
   p.h0_stride_b = args->h0_stride_b;

@@ -39,7 +39,7 @@ struct ElmanFamily;
  * reports, and that family's launch. */
 struct ElmanPlan {
   prnn_plan_t summary;
-  const ElmanFamily *family; /* NULL: the few-steps kernel (few_steps.cuh), no family of the list */
+  const ElmanFamily *family;
   const void *kernel;      /* the persistent kernel (none for the stepwise tier, which launches per step) */
   struct {
     int hidden_padded;     /* blockDim.x * KL >= H, the K extent a CTA covers */

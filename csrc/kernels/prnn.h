@@ -110,10 +110,11 @@ typedef enum prnn_tier {
                                        shared memory; groups of 8 sequences; the state exchanged
                                        through L2 and multicast into each cluster; FFMA */
   PRNN_TIER_FEW_STEPS = 7           /* a whole layer (prnn_layer_forward_cuda) of a few steps of a
-                                       small batch (T = 1 with B <= 16, T = 2 with
-                                       B <= 4; no lengths): one plain launch a
-                                       step computes its input projection and recurrence, W_ih and
-                                       W_hh read from L2/HBM each step; no workspace */
+                                       small batch without lengths (Elman: T = 1 with B <= 16, T = 2
+                                       with B <= 4; LSTM without proj_size and GRU: T = 1, B <= 16):
+                                       one plain launch a step computes its input projection and
+                                       recurrence, W_ih and W_hh read from L2/HBM each step; no
+                                       workspace */
 } prnn_tier_t;
 
 /* Name of a tier, e.g. "persistent_registers". */
@@ -161,24 +162,30 @@ typedef struct prnn_backward_args {
 } prnn_backward_args_t;
 
 /* Tensors of a whole layer's forward pass (prnn_layer_forward_cuda): the
- * input projection xp = W_ih x_t + b_ih + b_hh and the recurrence. */
+ * input projection and the recurrence. Elman: xp = W_ih x_t + b_ih + b_hh,
+ * then the recurrence above. Gated cells (problem->cell LSTM or GRU, below,
+ * without proj_size): G gates a unit, xp = W_ih x_t + b_ih rounded to the
+ * element type as the gated passes' caller's GEMM gives it, b_hh inside. */
 typedef struct prnn_layer_args {
   const void *x;             /* steps x batch x input */
   int64_t x_stride_t;
   int64_t x_stride_b;
   int64_t input;             /* input >= 1 */
-  const void *w_ih;          /* hidden x input: W_ih[i][k] at w_ih[i * w_ih_stride + k] */
+  const void *w_ih;          /* G*hidden x input: W_ih[i][k] at w_ih[i * w_ih_stride + k] */
   int64_t w_ih_stride;
-  const void *b_ih;          /* hidden, contiguous; b_ih and b_hh both NULL for no bias */
+  const void *b_ih;          /* G*hidden, contiguous; b_ih and b_hh both NULL for no bias */
   const void *b_hh;
   const void *h0;            /* batch x hidden, as in prnn_forward_args_t */
   int64_t h0_stride_b;
-  const void *w_hh;
+  const void *c0;            /* LSTM: batch x hidden, the initial cell state; else NULL */
+  int64_t c0_stride_b;
+  const void *w_hh;          /* G*hidden x hidden */
   int64_t w_hh_stride;
   const int32_t *lengths;
   void *y;
   void *h_n;                 /* batch x hidden, contiguous, or NULL: also written with the state
                                 after each sequence's last step (h0 at length 0) */
+  void *c_n;                 /* LSTM: batch x hidden, contiguous, or NULL, likewise for c; else NULL */
 } prnn_layer_args_t;
 
 /* What the plan query says about a problem. */
@@ -220,8 +227,9 @@ prnn_status_t prnn_backward_data_cuda(const prnn_problem_t *problem,
                                       prnn_stream_t stream);
 
 /* A whole layer's forward with its input projection fused: for a few steps
- * of a small batch, a launch a step computing both (PRNN_TIER_FEW_STEPS);
- * else in one launch, CTAs the recurrence leaves idle computing xp chunk by
+ * of a small batch, a launch a step computing both (PRNN_TIER_FEW_STEPS;
+ * the only tier of the gated cells' layers, at T = 1); else, Elman only, in
+ * one launch, CTAs the recurrence leaves idle computing xp chunk by
  * chunk of steps while the others step through the chunks done (the cluster
  * tier's FFMA kernel in float32 and its tensor-core kernel in 16 bits,
  * H <= 1152, when the device holds enough clusters beside the batch's for

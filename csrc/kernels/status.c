@@ -223,9 +223,14 @@ prnn_status_t prnn_check_backward_args(const prnn_problem_t *problem,
   return PRNN_STATUS_SUCCESS;
 }
 
+static prnn_status_t check_presence(const char *name, const void *p, const char *stride_name,
+                                    int64_t stride, int required, const char *when);
+
 prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem, const prnn_layer_args_t *args) {
-  PRNN_TRY(check_elman(problem));
+  int lstm;
+  PRNN_TRY(prnn_check_problem(problem));
   PRNN_TRY(check_pointer("args", args));
+  lstm = (int)problem->cell == PRNN_CELL_LSTM;
   PRNN_TRY(check_pointer("x", args->x));
   PRNN_TRY(check_stride("x_stride_t", args->x_stride_t));
   PRNN_TRY(check_stride("x_stride_b", args->x_stride_b));
@@ -234,6 +239,9 @@ prnn_status_t prnn_check_layer_args(const prnn_problem_t *problem, const prnn_la
   PRNN_TRY(check_stride("w_ih_stride", args->w_ih_stride));
   if ((args->b_ih == NULL) != (args->b_hh == NULL))
     return prnn_fail(PRNN_STATUS_BAD_PARAM, "b_ih and b_hh must both be NULL or both be given");
+  PRNN_TRY(check_presence("c0", args->c0, "c0_stride_b", args->c0_stride_b, lstm,
+                          lstm ? "for an LSTM" : "but for an LSTM"));
+  if (!lstm && args->c_n != NULL) return prnn_fail(PRNN_STATUS_BAD_PARAM, "c_n must be NULL but for an LSTM");
   return check_recurrence(problem, args->h0, args->h0_stride_b, args->w_hh, args->w_hh_stride, args->lengths,
                           args->y);
 }

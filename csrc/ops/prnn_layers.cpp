@@ -4,7 +4,11 @@
 // from Python, in the same order and with the same arguments, so that such a
 // call crosses from Python once instead of three to six times a layer.
 // CompositeImplicitAutograd: autograd, autocast and dispatch modes see those
-// ops, as they do from the regular path.
+// ops, as they do from the regular path - but for a gated layer on CUDA whose
+// call needs no gradient, which runs as prnn::gated_layer (one launch at
+// T = 1 instead of a GEMM and a persistent launch).
+#include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
 #include <vector>
@@ -13,6 +17,20 @@
 
 namespace torch_prnn {
 namespace {
+
+// Whether nothing in the call needs a gradient: no backward (grad mode off,
+// or no tensor requiring one) and no forward-mode tangent.
+bool without_gradients(const at::Tensor& input, const at::Tensor& h, const std::optional<at::Tensor>& c,
+                       at::TensorList params) {
+  const bool backward = c10::GradMode::is_enabled();
+  const auto needs = [backward](const at::Tensor& t) {
+    return (backward && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
+  };
+  if (needs(input) || needs(h) || (c.has_value() && needs(*c))) return false;
+  for (const at::Tensor& p : params)
+    if (needs(p)) return false;
+  return true;
+}
 
 // input [T, B, I], h [layers, B, S] and an LSTM's c [layers, B, H] ->
 // (output [T, B, S], h_n, c_n (undefined but for an LSTM)). params: each
@@ -45,6 +63,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers(const at::Tensor& input, c
   for (size_t i = 0; i < params.size(); ++i)
     TORCH_CHECK(params[i].defined(), op, ": params[", i, "] must be a tensor, got None");
 
+  // A gated layer without a projection as prnn::gated_layer (CUDA autocast
+  // casts the regular ops, not this one).
+  const bool gated_layer = (gru || (lstm && !projection)) && input.is_cuda() &&
+                           !at::autocast::is_autocast_enabled(at::kCUDA) && without_gradients(input, h, c, params);
   std::vector<at::Tensor> h_n, c_n;
   at::Tensor x = input;
   for (int64_t layer = 0; layer < num_layers; ++layer) {
@@ -56,7 +78,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers(const at::Tensor& input, c
     const at::Tensor h0 = h.select(0, layer);
     const at::Tensor c0 = lstm ? c->select(0, layer) : at::Tensor();
     at::Tensor y, h_last, c_last, saved;
-    if (lstm) {
+    if (gated_layer) {
+      std::tie(y, h_last, c_last) =
+          call_gated_layer(x, w[0], b_ih, b_hh, h0, lstm ? std::optional<at::Tensor>(c0) : std::nullopt, w[1], mode);
+      if (lstm) c_n.push_back(c_last);
+    } else if (lstm) {
       const std::optional<at::Tensor> w_hr = projection ? std::optional<at::Tensor>(w[per_layer - 1]) : std::nullopt;
       const at::Tensor xp = at::linear(x, w[0], b_ih);
       std::tie(y, h_last, c_last, saved) = call_lstm(xp, b_hh, h0, c0, w[1], w_hr, std::nullopt, /*save=*/false);

@@ -34,7 +34,6 @@ PyObject* PyInit__C(void) {
 }
 
 namespace torch_prnn {
-namespace {
 
 std::optional<prnn_dtype_t> to_prnn_dtype(at::ScalarType type) {
   switch (type) {
@@ -45,6 +44,8 @@ std::optional<prnn_dtype_t> to_prnn_dtype(at::ScalarType type) {
     default: return std::nullopt;
   }
 }
+
+namespace {
 
 prnn_activation_t to_activation(const char* op, c10::string_view nonlinearity) {
   TORCH_CHECK_VALUE(nonlinearity == "tanh" || nonlinearity == "relu", op,
@@ -197,10 +198,11 @@ std::vector<int64_t> plan(int64_t steps, int64_t batch, int64_t hidden, at::Scal
                                batch,     hidden, has_lengths, proj_size};
   prnn_plan_t plan{};
   TORCH_CHECK(input >= 0, op, ": input must be >= 0, got ", input);
-  // The fused layer (Elman forward only): its plan where a kernel fuses it, else the recurrence's.
+  // The fused layer (forward only; a gated one as prnn::gated_layer runs it):
+  // its plan where a kernel fuses it, else the recurrence's.
   bool fused = false;
 #ifdef WITH_CUDA
-  if (input > 0 && !backward && device.is_cuda() && cell_type == PRNN_CELL_ELMAN) {
+  if (input > 0 && !backward && device.is_cuda() && (cell_type == PRNN_CELL_ELMAN || proj_size == 0)) {
     const prnn_status_t status = plan_layer_cuda(problem, input, device, &plan);
     if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
     fused = status == PRNN_STATUS_SUCCESS;
@@ -265,24 +267,24 @@ at::Tensor as_rows(const at::Tensor& t) {
 
 void check_input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
-                            const std::optional<at::Tensor>& b_hh) {
-  const char* op = "prnn::layer";
+                            const std::optional<at::Tensor>& b_hh, const char* op, const char* rows) {
   check_rank(op, "x", x, 3, "[steps, batch, input]");
   TORCH_CHECK(to_prnn_dtype(x.scalar_type()).has_value(), op,
               ": x must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
-  check_rank(op, "w_ih", w_ih, 2, "[hidden, input]");
+  const std::string w_dims = std::string("[") + rows + ", input]", b_dims = std::string("[") + rows + "]";
+  check_rank(op, "w_ih", w_ih, 2, w_dims.c_str());
   check_like(op, "w_ih", w_ih, "x", x);
   // Symbolic sizes (see as_rows).
   const c10::SymInt T = x.sym_size(0), B = x.sym_size(1), I = x.sym_size(2), H = w_ih.sym_size(0);
-  TORCH_CHECK(w_ih.sym_size(1) == I, op, ": w_ih must have shape [hidden, input=", I, "], got ",
+  TORCH_CHECK(w_ih.sym_size(1) == I, op, ": w_ih must have shape [", rows, ", input=", I, "], got ",
               w_ih.sym_sizes());
   TORCH_CHECK(b_ih.has_value() == b_hh.has_value(), op,
               ": b_ih and b_hh must both be tensors or both be None");
   if (!b_ih.has_value()) return;
   const auto check_bias = [&](const char* name, const at::Tensor& b) {
-    check_rank(op, name, b, 1, "[hidden]");
+    check_rank(op, name, b, 1, b_dims.c_str());
     check_like(op, name, b, "x", x);
-    TORCH_CHECK(b.sym_size(0) == H, op, ": ", name, " must have shape [hidden=", H, "], got ",
+    TORCH_CHECK(b.sym_size(0) == H, op, ": ", name, " must have shape [", rows, "=", H, "], got ",
                 b.sym_sizes());
   };
   check_bias("b_ih", *b_ih);
@@ -799,6 +801,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gru(const at::Tensor& xp,
   return op.call(xp, b_hh, h0, w_hh, lengths, save);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_forward(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode) {
+  const char* op = "prnn::gated_layer";
+  const bool lstm = mode == "LSTM";
+  TORCH_CHECK_VALUE(lstm || mode == "GRU", op, ": mode must be 'LSTM' or 'GRU', got '", std::string(mode), "'");
+  TORCH_CHECK(c0.has_value() == lstm, op, ": c0 must be given for an LSTM and only for one");
+  // The GEMM's operands checked here: at::linear's own messages differ between devices and meta.
+  check_input_projection(x, w_ih, b_ih, b_hh, op, lstm ? "4*hidden" : "3*hidden");
+  const at::Tensor xp = at::linear(x, w_ih, b_ih);
+  if (lstm) {
+    auto [y, h_n, c_n, saved] = call_lstm(xp, b_hh, h0, *c0, w_hh, std::nullopt, std::nullopt, /*save=*/false);
+    return {y, h_n, c_n};
+  }
+  auto [y, h_n, saved] = call_gru(xp, b_hh, h0, w_hh, std::nullopt, /*save=*/false);
+  return {y, h_n, at::empty({0}, y.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gated_layer(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("prnn::gated_layer", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const at::Tensor&, c10::string_view)>();
+  return op.call(x, w_ih, b_ih, b_hh, h0, c0, w_hh, mode);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_gru_backward(
     const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_h_n, const at::Tensor& h0,
     const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
@@ -923,6 +958,14 @@ TORCH_LIBRARY(prnn, m) {
       "gru_backward(Tensor grad_y, Tensor? grad_h_n, Tensor h0, Tensor y, Tensor saved, "
       "Tensor w_hh, Tensor? lengths) -> (Tensor grad_xp, Tensor grad_h0, Tensor grad_w_hh, "
       "Tensor grad_b_hh)");
+  // A gated layer's forward with its input projection, x [T,B,I] -> (y, h_n,
+  // c_n), for calls that need no gradient (prnn::layers under no_grad on
+  // CUDA): one launch where the few-steps kernel takes it (T = 1, B <= 16),
+  // else the GEMM then prnn::lstm / prnn::gru. No autograd formula. c_n is a
+  // [0] tensor for a GRU; mode: 'LSTM' or 'GRU'.
+  m.def(
+      "gated_layer(Tensor x, Tensor w_ih, Tensor? b_ih, Tensor? b_hh, Tensor h0, Tensor? c0, Tensor w_hh, "
+      "str mode) -> (Tensor y, Tensor h_n, Tensor c_n)");
   // Every layer of a one-direction PersistentRNN, PersistentLSTM or
   // PersistentGRU, from input [T,B,I], h [layers,B,S] and an LSTM's c: what
   // their forward runs for an eager call on tensor input, in one crossing
@@ -952,4 +995,5 @@ TORCH_LIBRARY_IMPL(prnn, CPU, m) {
 // has its own kernel, which fuses the two where it can: prnn_ops_cuda.cpp).
 TORCH_LIBRARY_IMPL(prnn, CompositeExplicitAutograd, m) {
   m.impl("layer", &torch_prnn::layer_forward);
+  m.impl("gated_layer", &torch_prnn::gated_layer_forward);
 }

@@ -17,6 +17,9 @@ inline void check_defined(const char* op, const char* name, const at::Tensor& t)
   TORCH_CHECK(t.defined(), op, ": ", name, " must be a tensor, got None");
 }
 
+// A tensor dtype as the C API's (none for the dtypes it does not take).
+std::optional<prnn_dtype_t> to_prnn_dtype(at::ScalarType type);
+
 // Check the tensors of prnn::forward / prnn::backward (ranks, sizes, dtypes,
 // devices, nonlinearity) and return the problem. `lengths` is checked by
 // host_lengths.
@@ -252,16 +255,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_gru_backward(
     const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths);
 
+// prnn::gated_layer: a gated layer's forward with its input projection, for
+// calls that need no gradient. gated_layer_forward is every device's: the
+// GEMM, then prnn::lstm or prnn::gru (c_n a [0] tensor for a GRU);
+// call_gated_layer goes through the dispatcher.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_forward(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gated_layer(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode);
+
 // prnn::layer's input projection, checked: xp = x w_ih^T + b_ih + b_hh,
 // [T,B,H] from x [T,B,I], in one GEMM.
 at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
                             const std::optional<at::Tensor>& b_hh);
 
-// prnn::layer's checks of x, w_ih and the biases (shapes, dtypes, devices).
+// prnn::layer's checks of x, w_ih and the biases (shapes, dtypes, devices);
+// `op` and `rows` (w_ih's rows as the messages name them) for another op's.
 void check_input_projection(const at::Tensor& x, const at::Tensor& w_ih,
                             const std::optional<at::Tensor>& b_ih,
-                            const std::optional<at::Tensor>& b_hh);
+                            const std::optional<at::Tensor>& b_hh, const char* op = "prnn::layer",
+                            const char* rows = "hidden");
 
 // All of prnn::layer's checks, with the messages of the projection's then
 // prnn::forward's (as when it runs the two); the problem of its recurrence.

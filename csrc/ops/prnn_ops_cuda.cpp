@@ -55,6 +55,22 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::
   return {y, final_state(y, h0, lengths)};
 }
 
+// The layer args' input projection: x [T,B,I] and w_ih with a unit last
+// stride, the biases contiguous or undefined.
+prnn_layer_args_t projection_args(const at::Tensor& x, const at::Tensor& w_ih, const at::Tensor& b_ih,
+                                  const at::Tensor& b_hh) {
+  prnn_layer_args_t args{};
+  args.x = x.const_data_ptr();
+  args.x_stride_t = x.stride(0);
+  args.x_stride_b = x.stride(1);
+  args.input = x.size(2);
+  args.w_ih = w_ih.const_data_ptr();
+  args.w_ih_stride = w_ih.stride(0);
+  args.b_ih = b_ih.defined() ? b_ih.const_data_ptr() : nullptr;
+  args.b_hh = b_hh.defined() ? b_hh.const_data_ptr() : nullptr;
+  return args;
+}
+
 // prnn::layer in one launch where a kernel fuses the input projection (the
 // C API's layer plan says so; a few steps, a launch a step), else the
 // projection's GEMM and prnn::forward. The C API writes h_n too.
@@ -83,20 +99,65 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
   const at::Tensor b_ih_ = b_ih ? b_ih->contiguous() : at::Tensor(),
                    b_hh_ = b_hh ? b_hh->contiguous() : at::Tensor();
   at::Tensor ws = workspace(plan, x);
-  prnn_layer_args_t args{};
-  args.x = x_.const_data_ptr();
-  args.x_stride_t = x_.stride(0);
-  args.x_stride_b = x_.stride(1);
-  args.input = input;
-  args.w_ih = w_ih_.const_data_ptr();
-  args.w_ih_stride = w_ih_.stride(0);
-  args.b_ih = b_ih_.defined() ? b_ih_.const_data_ptr() : nullptr;
-  args.b_hh = b_hh_.defined() ? b_hh_.const_data_ptr() : nullptr;
+  prnn_layer_args_t args = projection_args(x_, w_ih_, b_ih_, b_hh_);
   set_recurrence_args(args, h0_, w_hh_, lengths32, y);
   args.h_n = h_n.mutable_data_ptr();
   check_status(op, prnn_layer_forward_cuda(&problem, &args, workspace_ptr(ws), plan.workspace_bytes,
                                            current_stream()));
   return {y, h_n};
+}
+
+// prnn::gated_layer on CUDA: the few-steps kernel where the C API's layer
+// plan takes the call, else gated_layer_forward (the GEMM and prnn::lstm /
+// prnn::gru), which also gives every malformed call its ops' own error.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_cuda(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode) {
+  const char* op = "prnn::gated_layer";
+  const bool lstm = mode == "LSTM";
+  const int64_t G = lstm ? PRNN_LSTM_GATES : PRNN_GRU_GATES;
+  const std::optional<prnn_dtype_t> dtype = to_prnn_dtype(x.scalar_type());
+  const auto like_x = [&](const at::Tensor& t, int64_t dim) {
+    return t.defined() && t.dim() == dim && t.device() == x.device() && t.scalar_type() == x.scalar_type();
+  };
+  bool fits = (lstm || mode == "GRU") && c0.has_value() == lstm && dtype.has_value() && x.dim() == 3 &&
+              like_x(w_ih, 2) && like_x(h0, 2) && like_x(w_hh, 2) && b_ih.has_value() == b_hh.has_value();
+  const int64_t T = fits ? x.size(0) : 0, B = fits ? x.size(1) : 0, I = fits ? x.size(2) : 0,
+                H = fits ? h0.size(1) : 0;
+  fits = fits && T >= 1 && B >= 1 && I >= 1 && H >= 1 && w_ih.size(0) == G * H && w_ih.size(1) == I &&
+         h0.size(0) == B && w_hh.size(0) == G * H && w_hh.size(1) == H;
+  for (const std::optional<at::Tensor>& b : {b_ih, b_hh}) fits = fits && (!b || (like_x(*b, 1) && b->size(0) == G * H));
+  if (lstm) fits = fits && like_x(*c0, 2) && c0->size(0) == B && c0->size(1) == H;
+  const prnn_problem_t problem{lstm ? PRNN_CELL_LSTM : PRNN_CELL_GRU, PRNN_ACT_TANH,
+                               dtype.value_or(PRNN_DTYPE_FLOAT32), T, B, H, 0, 0};
+  if (fits) {
+    prnn_plan_t plan;
+    const prnn_status_t status = plan_layer_cuda(problem, I, x.device(), &plan);
+    if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
+    fits = status == PRNN_STATUS_SUCCESS;
+  }
+  if (!fits) return gated_layer_forward(x, w_ih, b_ih, b_hh, h0, c0, w_hh, mode);
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({T, B, H}, x.options()), h_n = at::empty({B, H}, x.options());
+  at::Tensor c_n = lstm ? at::empty({B, H}, x.options()) : at::empty({0}, x.options());
+  const at::Tensor x_ = unit_last_stride(x), w_ih_ = unit_last_stride(w_ih), h0_ = unit_last_stride(h0),
+                   w_hh_ = unit_last_stride(w_hh), c0_ = lstm ? unit_last_stride(*c0) : at::Tensor();
+  const at::Tensor b_ih_ = b_ih ? b_ih->contiguous() : at::Tensor(),
+                   b_hh_ = b_hh ? b_hh->contiguous() : at::Tensor();
+  prnn_layer_args_t args = projection_args(x_, w_ih_, b_ih_, b_hh_);
+  args.h0 = h0_.const_data_ptr();
+  args.h0_stride_b = h0_.stride(0);
+  args.c0 = lstm ? c0_.const_data_ptr() : nullptr;
+  args.c0_stride_b = lstm ? c0_.stride(0) : 0;
+  args.w_hh = w_hh_.const_data_ptr();
+  args.w_hh_stride = w_hh_.stride(0);
+  args.y = y.mutable_data_ptr();
+  args.h_n = h_n.mutable_data_ptr();
+  args.c_n = lstm ? c_n.mutable_data_ptr() : nullptr;
+  check_status(op, prnn_layer_forward_cuda(&problem, &args, nullptr, 0, current_stream()));
+  return {y, h_n, c_n};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
@@ -184,6 +245,7 @@ TORCH_LIBRARY_IMPL(prnn, CUDA, m) {
   m.impl("forward", &torch_prnn::forward_cuda);
   m.impl("backward", &torch_prnn::backward_cuda);
   m.impl("layer", &torch_prnn::layer_cuda);
+  m.impl("gated_layer", &torch_prnn::gated_layer_cuda);
   m.impl("lstm", &torch_prnn::lstm_kernel<torch_prnn::gated_forward_cuda>);
   m.impl("lstm_backward", &torch_prnn::lstm_backward_kernel<torch_prnn::gated_backward_cuda>);
   m.impl("gru", &torch_prnn::gru_kernel<torch_prnn::gated_forward_cuda>);
