@@ -83,6 +83,22 @@ def test_errors(device):
         gated_layer(x, w_ih, b_ih, b_hh, h0[:1], c0, w_hh, "LSTM")
 
 
+@pytest.mark.parametrize("device", devices)
+def test_refuses_gradients(device):
+    """A call that would record a graph fails before it runs, naming the
+    op; without grad mode, or on tensors that need none, it runs."""
+    x, w_ih, b_ih, b_hh, h0, c0, w_hh = layer_inputs("gru", 1, 2, 3, 4, device=device)
+    with pytest.raises(RuntimeError, match=r"prnn::gated_layer: not differentiable"):
+        gated_layer(x, w_ih.requires_grad_(), b_ih, b_hh, h0, c0, w_hh, "GRU")
+    with torch.no_grad():
+        y, _, _ = gated_layer(x, w_ih, b_ih, b_hh, h0, c0, w_hh, "GRU")
+    assert not y.requires_grad
+    with torch.autograd.forward_ad.dual_level(), torch.no_grad():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(RuntimeError, match=r"prnn::gated_layer: forward-mode AD"):
+            gated_layer(dual, w_ih, b_ih, b_hh, h0, c0, w_hh, "GRU")
+
+
 class OpLog(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -134,7 +150,7 @@ def test_few_steps_module_call(cell, dtype):
         for given in (hx, None):
             with torch.no_grad(), OpLog() as log:
                 out, state = ours(x, given)
-            assert "prnn.gated_layer.default" in log.ops and "prnn.lstm.default" not in log.ops, log.ops
+            assert "prnn.gated_layer.default" in log.ops, log.ops
             with torch.no_grad():
                 ref_out, ref_state = theirs(x, given)
                 one = cell_twin(cell, theirs)
@@ -198,3 +214,38 @@ def test_fake_kernel_raises_what_the_op_raises(cell):
         assert _meta_outcome(op, changed) == real, (what, real)
         checked += not real.startswith("ok")
     assert checked >= 10
+
+
+@needs_cuda
+@pytest.mark.parametrize("cell", MODES)
+def test_few_steps_kernel_runs(cell):
+    """The module's one-timestep call launches the few-steps kernel and
+    nothing of the GEMM path's (the profiler's kernel names); two steps run
+    the GEMM and the gated cell's own kernels."""
+    _, ours, _ = twins(cell, 64, 96, torch.float32)
+
+    def kernels(steps):
+        x = torch.randn(steps, 2, 64, device="cuda")
+        with torch.no_grad():
+            ours(x)  # warm up
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                ours(x)
+                torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    one = kernels(1)
+    assert any("few_steps_kernel" in name for name in one), one
+    assert not any("gemm" in name.lower() for name in one), one
+    two = kernels(2)
+    assert not any("few_steps_kernel" in name for name in two), two
+
+
+@pytest.mark.parametrize("device", devices)
+def test_autocast(device):
+    """Under autocast it computes in the autocast dtype, as prnn::lstm / prnn::gru do."""
+    args = layer_inputs("lstm", 1, 2, 3, 4, device=device)
+    with torch.autocast(device, dtype=torch.bfloat16), torch.no_grad():
+        y, h_n, c_n = gated_layer(*args, "LSTM")
+        expected = the_ops("lstm", *args)
+    assert y.dtype == h_n.dtype == c_n.dtype == torch.bfloat16 == expected[0].dtype

@@ -326,8 +326,10 @@ def test_fused_layer(dtype, H, I, B, bias, nonlinearity):
     4 bytes at a time, 16-bit by plain loads)."""
     if not cluster_tier_available():
         pytest.skip("the cluster tier is off here (before sm_90, or PRNN_DISABLE_CLUSTER_TIER)")
-    assert torch_prnn.plan(H, batch=B, dtype=dtype, device="cuda", input_size=I)["fused_input_projection"]
-    for T, lengths, aligned in ((1, False, False), (2, True, True), (67, False, False), (67, False, True),
+    p = torch_prnn.plan(H, batch=B, steps=255, dtype=dtype, device="cuda", input_size=I)
+    assert p["fused_input_projection"] and p["tier"] == "persistent_cluster", p
+    # T = 1 with lengths: the cluster kernel (without them the few-steps kernel takes it).
+    for T, lengths, aligned in ((1, True, False), (2, True, True), (67, False, False), (67, False, True),
                                 (255, True, True)):
         check_layer(T, B, I, H, dtype, nonlinearity, bias, lengths, seed=H + I + B, aligned=aligned)
 
@@ -373,7 +375,8 @@ def test_few_steps_layer_broadcast_and_graph():
     """The few-steps kernel on a stride-0 batch of x and h0 (one input and
     state for every sequence), and replayed in a CUDA graph on new x with
     the bits of the eager call."""
-    T, B, I, H = 2, 5, 96, 256
+    T, B, I, H = 2, 4, 96, 256
+    assert torch_prnn.plan(H, batch=B, steps=T, device="cuda", input_size=I)["tier"] == "few_steps"
     x, w_ih, b_ih, b_hh, h0, w_hh, _ = make_layer(T, B, I, H, torch.float32, seed=80, aligned=True)
     xb, h0b = x[:, :1].expand(T, B, I), h0[:1].expand(B, H)
     y, h_n = torch.ops.prnn.layer(xb, w_ih, b_ih, b_hh, h0b, w_hh, None, "tanh")

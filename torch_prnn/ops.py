@@ -363,7 +363,7 @@ def _register_autocast(name: str, device_type: str) -> None:
 
 for _device_type in ("cpu", "cuda"):
     if torch.amp.is_autocast_available(_device_type):
-        for _name in ("forward", "layer", "lstm", "gru"):
+        for _name in ("forward", "layer", "lstm", "gru", "gated_layer"):
             _register_autocast(_name, _device_type)
 
 

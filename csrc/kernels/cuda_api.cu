@@ -159,7 +159,7 @@ prnn_status_t few_steps_on(const prnn_problem_t *pb, int64_t input, int device, 
   ElmanDevice dev;
   const prnn_status_t st = elman_device(device, &dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  *takes = dev.fuse_projection >= 0 && pb->hidden <= 0x7fffffff && input <= 0x7fffffff && few_steps_takes(pb, input);
+  *takes = dev.fuse_projection >= 0 && few_steps_takes(pb, input);
   return PRNN_STATUS_SUCCESS;
 }
 

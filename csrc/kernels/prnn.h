@@ -185,7 +185,8 @@ typedef struct prnn_layer_args {
   void *y;
   void *h_n;                 /* batch x hidden, contiguous, or NULL: also written with the state
                                 after each sequence's last step (h0 at length 0) */
-  void *c_n;                 /* LSTM: batch x hidden, contiguous, or NULL, likewise for c; else NULL */
+  void *c_n;                 /* LSTM: batch x hidden, contiguous, or NULL, likewise for c; else NULL.
+                                The outputs (y, h_n, c_n) must not overlap any input. */
 } prnn_layer_args_t;
 
 /* What the plan query says about a problem. */

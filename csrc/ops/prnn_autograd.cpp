@@ -314,10 +314,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_autograd(const at::Tensor& xp
   return {out[0], out[1], out[2]};
 }
 
+// prnn::gated_layer has no backward: a call that would record a graph is
+// refused here, before it runs, rather than giving gradients that are wrong.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_autograd(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode) {
+  static const at::Tensor none;
+  const at::Tensor* bi = b_ih.has_value() ? &*b_ih : &none;
+  const at::Tensor* bh = b_hh.has_value() ? &*b_hh : &none;
+  const at::Tensor* c = c0.has_value() ? &*c0 : &none;
+  refuse_forward_ad("prnn::gated_layer", {&x, &w_ih, bi, bh, &h0, c, &w_hh});
+  TORCH_CHECK(!records_graph({&x, &w_ih, bi, bh, &h0, c, &w_hh}), "prnn::gated_layer",
+              ": not differentiable (the modules' path for calls without gradients); call it under "
+              "torch.no_grad() or on tensors that do not require grad, or use the input GEMM and "
+              "prnn::lstm / prnn::gru, which are");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return call_gated_layer(x, w_ih, b_ih, b_hh, h0, c0, w_hh, mode);
+}
+
 }  // namespace
 }  // namespace torch_prnn
 
 TORCH_LIBRARY_IMPL(prnn, Autograd, m) {
+  m.impl("gated_layer", &torch_prnn::gated_layer_autograd);
   m.impl("forward", &torch_prnn::forward_autograd);
   m.impl("layer", &torch_prnn::layer_autograd);
   m.impl("lstm", &torch_prnn::lstm_autograd);
