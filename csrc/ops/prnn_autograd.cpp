@@ -14,6 +14,20 @@
 #include "prnn_ops.h"
 
 namespace torch_prnn {
+
+bool has_forward_tangent(c10::ArrayRef<const at::Tensor*> inputs) {
+  for (const at::Tensor* t : inputs)
+    if (t->defined() && t->_fw_grad(/*level=*/0).defined()) return true;
+  return false;
+}
+
+bool records_graph(c10::ArrayRef<const at::Tensor*> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -220,20 +234,10 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
 
 // Forward-mode AD (torch.autograd.forward_ad) has no jvp formula here, and
 // below autograd a dual input's tangent would be dropped without a word.
-void refuse_forward_ad(const char* op, std::initializer_list<const at::Tensor*> inputs) {
-  for (const at::Tensor* t : inputs) {
-    TORCH_CHECK(!(t->defined() && t->_fw_grad(/*level=*/0).defined()), op,
-                ": forward-mode AD (dual tensors of torch.autograd.forward_ad) is not "
-                "supported; use reverse mode (backward() or torch.autograd.grad)");
-  }
-}
-
-// Whether the call has a graph to record: grad mode on and some input requiring grad.
-bool records_graph(std::initializer_list<const at::Tensor*> inputs) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const at::Tensor* t : inputs)
-    if (t->defined() && t->requires_grad()) return true;
-  return false;
+void refuse_forward_ad(const char* op, c10::ArrayRef<const at::Tensor*> inputs) {
+  TORCH_CHECK(!has_forward_tangent(inputs), op,
+              ": forward-mode AD (dual tensors of torch.autograd.forward_ad) is not "
+              "supported; use reverse mode (backward() or torch.autograd.grad)");
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor& xp, const at::Tensor& h0,

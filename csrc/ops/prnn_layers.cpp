@@ -8,7 +8,6 @@
 // call needs no gradient, which runs as prnn::gated_layer (one launch at
 // T = 1 instead of a GEMM and a persistent launch).
 #include <ATen/autocast_mode.h>
-#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
 #include <vector>
@@ -18,18 +17,14 @@
 namespace torch_prnn {
 namespace {
 
-// Whether nothing in the call needs a gradient: no backward (grad mode off,
-// or no tensor requiring one) and no forward-mode tangent.
+// Whether nothing in the call needs a gradient: no graph to record and no
+// forward-mode tangent.
 bool without_gradients(const at::Tensor& input, const at::Tensor& h, const std::optional<at::Tensor>& c,
                        at::TensorList params) {
-  const bool backward = c10::GradMode::is_enabled();
-  const auto needs = [backward](const at::Tensor& t) {
-    return (backward && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
-  };
-  if (needs(input) || needs(h) || (c.has_value() && needs(*c))) return false;
-  for (const at::Tensor& p : params)
-    if (needs(p)) return false;
-  return true;
+  std::vector<const at::Tensor*> tensors = {&input, &h};
+  if (c.has_value()) tensors.push_back(&*c);
+  for (const at::Tensor& p : params) tensors.push_back(&p);
+  return !records_graph(tensors) && !has_forward_tangent(tensors);
 }
 
 // input [T, B, I], h [layers, B, S] and an LSTM's c [layers, B, H] ->

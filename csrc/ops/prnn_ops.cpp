@@ -801,16 +801,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gru(const at::Tensor& xp,
   return op.call(xp, b_hh, h0, w_hh, lengths, save);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_forward(
-    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
-    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
-    const at::Tensor& w_hh, c10::string_view mode) {
+bool check_gated_layer(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+                       const std::optional<at::Tensor>& b_hh, const std::optional<at::Tensor>& c0,
+                       c10::string_view mode) {
   const char* op = "prnn::gated_layer";
   const bool lstm = mode == "LSTM";
   TORCH_CHECK_VALUE(lstm || mode == "GRU", op, ": mode must be 'LSTM' or 'GRU', got '", std::string(mode), "'");
   TORCH_CHECK(c0.has_value() == lstm, op, ": c0 must be given for an LSTM and only for one");
   // The GEMM's operands checked here: at::linear's own messages differ between devices and meta.
   check_input_projection(x, w_ih, b_ih, b_hh, op, lstm ? "4*hidden" : "3*hidden");
+  return lstm;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_ops(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, bool lstm) {
   const at::Tensor xp = at::linear(x, w_ih, b_ih);
   if (lstm) {
     auto [y, h_n, c_n, saved] = call_lstm(xp, b_hh, h0, *c0, w_hh, std::nullopt, std::nullopt, /*save=*/false);
@@ -818,6 +824,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_forward(
   }
   auto [y, h_n, saved] = call_gru(xp, b_hh, h0, w_hh, std::nullopt, /*save=*/false);
   return {y, h_n, at::empty({0}, y.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_forward(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, c10::string_view mode) {
+  return gated_layer_ops(x, w_ih, b_ih, b_hh, h0, c0, w_hh, check_gated_layer(x, w_ih, b_ih, b_hh, c0, mode));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_gated_layer(

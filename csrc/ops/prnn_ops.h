@@ -255,10 +255,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_gru_backward(
     const at::Tensor& y, const at::Tensor& saved, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths);
 
+// What the autograd kernels decide on (prnn_autograd.cpp), and prnn::layers
+// with them: whether a call records a graph (grad mode on and some defined
+// input requiring grad), and whether a defined input has a forward-mode tangent.
+bool records_graph(c10::ArrayRef<const at::Tensor*> inputs);
+bool has_forward_tangent(c10::ArrayRef<const at::Tensor*> inputs);
+
+// prnn::gated_layer's own checks (mode, c0 for an LSTM only, the GEMM's
+// operands); returns whether it is an LSTM.
+bool check_gated_layer(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+                       const std::optional<at::Tensor>& b_hh, const std::optional<at::Tensor>& c0,
+                       c10::string_view mode);
+
 // prnn::gated_layer: a gated layer's forward with its input projection, for
 // calls that need no gradient. gated_layer_forward is every device's: the
-// GEMM, then prnn::lstm or prnn::gru (c_n a [0] tensor for a GRU);
-// call_gated_layer goes through the dispatcher.
+// checks, then gated_layer_ops, the GEMM and prnn::lstm or prnn::gru (c_n a
+// [0] tensor for a GRU); call_gated_layer goes through the dispatcher.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_ops(
+    const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& w_hh, bool lstm);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_forward(
     const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
     const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,

@@ -108,36 +108,31 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
 }
 
 // prnn::gated_layer on CUDA: the few-steps kernel where the C API's layer
-// plan takes the call, else gated_layer_forward (the GEMM and prnn::lstm /
-// prnn::gru), which also gives every malformed call its ops' own error.
+// plan takes the call, else gated_layer_ops (the GEMM and prnn::lstm /
+// prnn::gru), which also gives a malformed h0, c0 or w_hh its ops' own error.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_cuda(
     const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
     const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
     const at::Tensor& w_hh, c10::string_view mode) {
   const char* op = "prnn::gated_layer";
-  const bool lstm = mode == "LSTM";
+  const bool lstm = check_gated_layer(x, w_ih, b_ih, b_hh, c0, mode);  // x, w_ih and the biases
   const int64_t G = lstm ? PRNN_LSTM_GATES : PRNN_GRU_GATES;
-  const std::optional<prnn_dtype_t> dtype = to_prnn_dtype(x.scalar_type());
-  const auto like_x = [&](const at::Tensor& t, int64_t dim) {
-    return t.defined() && t.dim() == dim && t.device() == x.device() && t.scalar_type() == x.scalar_type();
+  const int64_t T = x.size(0), B = x.size(1), I = x.size(2), H = w_ih.size(0) / G;
+  const auto like_x = [&](const at::Tensor& t, int64_t rows, int64_t cols) {
+    return t.dim() == 2 && t.size(0) == rows && t.size(1) == cols && t.device() == x.device() &&
+           t.scalar_type() == x.scalar_type();
   };
-  bool fits = (lstm || mode == "GRU") && c0.has_value() == lstm && dtype.has_value() && x.dim() == 3 &&
-              like_x(w_ih, 2) && like_x(h0, 2) && like_x(w_hh, 2) && b_ih.has_value() == b_hh.has_value();
-  const int64_t T = fits ? x.size(0) : 0, B = fits ? x.size(1) : 0, I = fits ? x.size(2) : 0,
-                H = fits ? h0.size(1) : 0;
-  fits = fits && T >= 1 && B >= 1 && I >= 1 && H >= 1 && w_ih.size(0) == G * H && w_ih.size(1) == I &&
-         h0.size(0) == B && w_hh.size(0) == G * H && w_hh.size(1) == H;
-  for (const std::optional<at::Tensor>& b : {b_ih, b_hh}) fits = fits && (!b || (like_x(*b, 1) && b->size(0) == G * H));
-  if (lstm) fits = fits && like_x(*c0, 2) && c0->size(0) == B && c0->size(1) == H;
+  bool fits = T >= 1 && B >= 1 && I >= 1 && H >= 1 && w_ih.size(0) == G * H && like_x(h0, B, H) &&
+              like_x(w_hh, G * H, H) && (!lstm || like_x(*c0, B, H));
   const prnn_problem_t problem{lstm ? PRNN_CELL_LSTM : PRNN_CELL_GRU, PRNN_ACT_TANH,
-                               dtype.value_or(PRNN_DTYPE_FLOAT32), T, B, H, 0, 0};
+                               *to_prnn_dtype(x.scalar_type()), T, B, H, 0, 0};
   if (fits) {
     prnn_plan_t plan;
     const prnn_status_t status = plan_layer_cuda(problem, I, x.device(), &plan);
     if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
     fits = status == PRNN_STATUS_SUCCESS;
   }
-  if (!fits) return gated_layer_forward(x, w_ih, b_ih, b_hh, h0, c0, w_hh, mode);
+  if (!fits) return gated_layer_ops(x, w_ih, b_ih, b_hh, h0, c0, w_hh, lstm);
 
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({T, B, H}, x.options()), h_n = at::empty({B, H}, x.options());
