@@ -119,6 +119,30 @@ def cell_twin(cell, layer):
     return twin
 
 
+def rounded_projection_model(cell, exact, x, given, dtype):
+    """One step of `exact`'s (float64) weights as the few-steps kernel defines
+    it: xp = W_ih x + b_ih rounded to dtype, b_hh on the recurrent side, the
+    rest in float64. [y, h_n] (and c_n), shaped as the module's."""
+    B, H = x.shape[1], exact.hidden_size
+    zeros = x.new_zeros(1, B, H)
+    if cell == "lstm":
+        h0, c0 = given if given is not None else (zeros, zeros)
+    else:
+        h0 = given if given is not None else zeros
+    b_ih, b_hh = (exact.bias_ih_l0, exact.bias_hh_l0) if exact.bias else (0.0, 0.0)
+    xp = (x[0] @ exact.weight_ih_l0.T + b_ih).to(dtype).double()
+    hh = h0[0] @ exact.weight_hh_l0.T + b_hh
+    if cell == "lstm":
+        i, f, g, o = (xp + hh).chunk(4, 1)
+        c = torch.sigmoid(f) * c0[0] + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return [h[None], h[None], c[None]]
+    (xr, xz, xn), (hr, hz, hn) = xp.chunk(3, 1), hh.chunk(3, 1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    h = (1 - z) * torch.tanh(xn + r * hn) + z * h0[0]
+    return [h[None], h[None]]
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("cell", MODES)
@@ -126,9 +150,11 @@ def test_few_steps_module_call(cell, dtype):
     """One timestep a call of PersistentLSTM / PersistentGRU on CUDA under
     no_grad: the few-steps kernel (plan and dispatch say so) at odd sizes,
     with and without bias and hx, both load widths (I and H multiples of a
-    16-byte vector or not), B up to 16; output, h_n (and c_n) against nn's in
-    float64, within TOL or 4x the larger error of nn's layer and of nn's cell
-    in this dtype (which, like ours, rounds the input projection to it)."""
+    16-byte vector or not), B up to 16; output, h_n (and c_n) within TOL of
+    a float64 model of what the kernel computes (the input projection rounded
+    to the dtype, the rest exact), and against nn's in float64 within TOL or
+    4x the largest error of nn's layer, nn's cell (which, like ours, rounds
+    the input projection) and that model."""
     for I, H, B, bias in ((1024, 1024, 1, True), (40, 64, 16, False), (7, 33, 3, True), (1, 1, 1, True),
                           (520, 256, 5, True)):
         assert torch_prnn.plan(H, batch=B, steps=1, dtype=dtype, device="cuda", cell=cell,
@@ -153,11 +179,15 @@ def test_few_steps_module_call(cell, dtype):
             outs = [out, *(state if cell == "lstm" else (state,))]
             refs = [ref_out, *(ref_state if cell == "lstm" else (ref_state,))]
             exacts = [e_out, *(e_state if cell == "lstm" else (e_state,))]
-            for name, o, r, c, e in zip(("output", "h_n", "c_n"), outs, refs, cell_outs, exacts):
-                theirs_err = max(rel_err(r.double().cpu(), e), rel_err(c.double().cpu().reshape(e.shape), e))
-                err = rel_err(o.double().cpu(), e)
-                bound = max(TOL[dtype], 4 * theirs_err)
-                assert err < bound, f"{cell} {dtype} I={I} H={H} B={B} {name}: {err:.3g} (nn's {theirs_err:.3g})"
+            models = rounded_projection_model(cell, exact, x.double().cpu(), cpu_given, dtype)
+            for name, o, r, c, e, m in zip(("output", "h_n", "c_n"), outs, refs, cell_outs, exacts, models):
+                o = o.double().cpu()
+                what = f"{cell} {dtype} I={I} H={H} B={B} {name}"
+                assert rel_err(o, m) < TOL[dtype], f"{what} against the model: {rel_err(o, m):.3g}"
+                theirs_err = max(rel_err(r.double().cpu(), e), rel_err(c.double().cpu().reshape(e.shape), e),
+                                 rel_err(m, e))
+                err = rel_err(o, e)
+                assert err < max(TOL[dtype], 4 * theirs_err), f"{what}: {err:.3g} (nn's {theirs_err:.3g})"
 
 
 @needs_cuda
