@@ -297,7 +297,11 @@ class PersistentRNNBase(FlatWeights, nn.Module):
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            x, lengths, rows = pad_packed(data, batch_sizes, sorted_indices, None if states is None else states[0])
+            check_batch_sizes_type(batch_sizes)
+            # Padded below only where ours runs: nn's recurrence takes the packed data.
+            x = data
+            steps = batch_sizes.numel()
+            batch = packed_batch(batch_sizes, sorted_indices, None if states is None else states[0])
         else:
             if input.dim() not in (2, 3):
                 raise ValueError(self._input_dim_error.format(input.dim()))
@@ -311,9 +315,8 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                     states = [state.unsqueeze(1) for state in states]
             self._check_input(input, expected_dim=3)
             x = input.transpose(0, 1) if self.batch_first else input  # steps x batch x features
-            lengths = rows = None
+            steps, batch = x.shape[0], x.shape[1]
 
-        steps, batch = x.shape[0], x.shape[1]
         num_directions = 2 if self.bidirectional else 1
         expected = [(self.num_layers * num_directions, batch, size) for size in self._state_sizes]
         if states is None:
@@ -339,7 +342,10 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             output, states = self._torch_layers(data if packed else x, batch_sizes if packed else None, states, weights)
         else:
             _refuse_func_autodiff(type(self).__name__)  # torch's recurrence (above) runs under them, as nn's
-            flip = _time_indices(lengths, steps, x.device)
+            lengths = rows = None
+            if packed:
+                x, lengths, rows = _pad(data, batch_sizes, batch)
+            flip = _time_indices(lengths if num_directions == 2 else None, steps, x.device)
             finals = []  # the final states of each layer and direction
             layer_input = x
             for layer in range(self.num_layers):
@@ -431,7 +437,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                 states = [state.index_select(1, sorted_indices) for state in states]
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
-        flip = _time_indices(lengths, steps, x.device)
+        flip = _time_indices(lengths if num_directions == 2 else None, steps, x.device)
         finals: list[list[Tensor]] = []  # the final states of each layer and direction
         layer_input = x
         for layer in range(self.num_layers):
@@ -593,11 +599,10 @@ def check_batch_sizes_type(batch_sizes: Tensor) -> None:
 
 
 def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
-    """batch_sizes' values as pack_padded_sequence makes them: non-negative,
-    non-increasing and summing to the number of packed rows. Without this a
-    hand-built one with growing sizes (say [3, 0, 2]) would run with the
-    wrong lengths, and one with a negative size fail inside the padding."""
-    check_batch_sizes_type(batch_sizes)
+    """prnn::packed_rows' check of batch_sizes' values (non-negative,
+    non-increasing, summing to the number of packed rows) in Python, for
+    TorchScript: there an op's error reaches the caller as another type than
+    eager's, a Python one as eager's."""
     if (bool((batch_sizes < 0).any()) or bool((batch_sizes[1:] > batch_sizes[:-1]).any())
             or int(batch_sizes.sum()) != rows):
         sizes = torch.jit.annotate(list[int], batch_sizes.tolist())  # TorchScript needs its type
@@ -607,8 +612,19 @@ def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
         )
 
 
+def packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
+    """The number of sequences of a PackedSequence: batch_sizes[0] (IndexError
+    for an empty one, as nn's modules raise), or under torch.compile as
+    _packed_batch reads it."""
+    if torch.compiler.is_compiling():
+        return _packed_batch(batch_sizes, sorted_indices, hx)
+    return int(batch_sizes[0])
+
+
 def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
-    """The number of sequences of a PackedSequence: batch_sizes[0]. Under
+    """The number of sequences of a PackedSequence, batch_sizes[0], as
+    prnn::packed_rows takes it: -1 in eager calls (the op reads it, and
+    raises IndexError for an empty batch_sizes, as nn's modules do). Under
     torch.compile batch_sizes is data to the graph and a size read from it is
     unbacked, which shapes cannot be compared with; there the batch is
     sorted_indices' or hx's where one is given, and prnn::packed_rows checks
@@ -618,7 +634,8 @@ def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor
             return sorted_indices.shape[0]
         if hx is not None and hx.dim() == 3:
             return hx.shape[1]
-    return int(batch_sizes[0])  # empty: IndexError, as nn's modules raise
+        return int(batch_sizes[0])
+    return -1
 
 
 def pad_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Tensor | None,
@@ -630,57 +647,27 @@ def pad_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Tensor | None,
 
 
 def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Packed rows [N, I] of `batch` sequences -> (padded [T, B, I] with zeros
+    """Packed rows [N, I] of `batch` sequences (-1: batch_sizes[0]) -> (padded [T, B, I] with zeros
     past each length, lengths [B] on the CPU, index of each packed row in the
-    flattened padded [T*B] rows, on data's device)."""
+    flattened padded [T*B] rows, on data's device). prnn::packed_rows checks
+    batch_sizes (a graph's too, before anything uses its indices: out of
+    range on a GPU, a device-side assert ends the process's CUDA context) and
+    writes an eager GPU call's index straight into pinned memory."""
     steps, rows = batch_sizes.numel(), data.shape[0]
-    if torch.compiler.is_compiling():
-        lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows)
-    else:
-        lengths, index = _packed_rows(batch_sizes, batch, rows)
-    index = to_device_queued(index, data.device)
+    if torch.jit.is_scripting():
+        check_batch_sizes(batch_sizes, rows)
+    pinned = data.is_cuda and not torch.compiler.is_compiling()
+    lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows, pinned)
+    index = to_device_queued(index, data.device, pinned)
+    batch = lengths.shape[0]
     padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
     return padded.view(steps, batch, data.shape[-1]), lengths, index
 
 
-def _packed_rows(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
-    """A PackedSequence's lengths [batch] and the index of each of its `rows`
-    packed rows in the flattened padded [T*batch] rows, both on the CPU.
-    Packed rows are time-major, each step's sequences in batch order, so they
-    are the valid entries of the padded tensor in row-major order."""
-    check_batch_sizes(batch_sizes, rows)
-    valid = torch.arange(batch) < batch_sizes.unsqueeze(1)  # T x B
-    return valid.sum(0), valid.flatten().nonzero().squeeze(1)
-
-
-def _packed_rows_of_batch(batch_sizes: Tensor, batch: int, rows: int) -> tuple[Tensor, Tensor]:
-    """_packed_rows for a batch not read from batch_sizes (_packed_batch)."""
-    if not isinstance(batch_sizes, Tensor):
-        raise TypeError(f"prnn::packed_rows: batch_sizes must be a tensor, got {type(batch_sizes).__name__}")
-    check_batch_sizes_type(batch_sizes)
-    if batch_sizes.numel() > 0 and int(batch_sizes[0]) != batch:
-        raise RuntimeError(
-            f"PackedSequence: batch_sizes {batch_sizes.tolist()} is a batch of "
-            f"{int(batch_sizes[0])} sequences, but sorted_indices or hx have a batch of {batch}"
-        )
-    return _packed_rows(batch_sizes, batch, rows)
-
-
-# The op torch.compile's graphs call: it checks before anything uses its
-# indices (out of range on a GPU, a device-side assert that ends the process's
-# CUDA context). Eager calls _packed_rows itself, without the dispatch.
-_packed_rows_op = torch.library.custom_op("prnn::packed_rows", _packed_rows_of_batch, mutates_args=())
-
-
-@_packed_rows_op.register_fake
-def _packed_rows_fake(batch_sizes, batch, rows):
-    # int64 whatever batch_sizes' integer dtype, as _packed_rows returns them.
-    return batch_sizes.new_empty(batch, dtype=torch.int64), batch_sizes.new_empty(rows, dtype=torch.int64)
-
-
 def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> Tensor | None:
     """For packed input: the step index [T,B,1] that reverses each sequence
-    within its length (padding stays in place). None without lengths."""
+    within its length (padding stays in place), for the reverse direction.
+    None without lengths."""
     if lengths is None:
         return None
     t = torch.arange(steps).unsqueeze(1)
@@ -688,13 +675,13 @@ def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> T
     return to_device_queued(flip.unsqueeze(-1), device)
 
 
-def to_device_queued(host: Tensor, device: torch.device) -> Tensor:
-    """A CPU tensor copied to `device` without waiting for the GPU: a blocking
-    copy from pageable memory synchronises the stream (the host would wait for
-    every kernel queued before it, each packed call), one from pinned memory
-    is queued on the stream. Not under CUDA graph capture: a replay would copy
-    again from a host buffer reused by then. Traced by torch.compile: the
-    plain copy."""
+def to_device_queued(host: Tensor, device: torch.device, pinned: bool = False) -> Tensor:
+    """A CPU tensor (in pinned memory already where `pinned`) copied to
+    `device` without waiting for the GPU: a blocking copy from pageable memory
+    synchronises the stream (the host would wait for every kernel queued
+    before it, each packed call), one from pinned memory is queued on the
+    stream. Not under CUDA graph capture: a replay would copy again from a
+    host buffer reused by then. Traced by torch.compile: the plain copy."""
     if device.type == "cuda" and not torch.compiler.is_compiling():
         if not torch.jit.is_scripting():  # scripted: the op's own lengths copy refuses it
             if torch.cuda.is_current_stream_capturing():
@@ -702,7 +689,7 @@ def to_device_queued(host: Tensor, device: torch.device) -> Tensor:
                     "packed input cannot be captured in a CUDA graph: its lengths are host data, which a "
                     "replay would not read again; capture padded input"
                 )
-        return host.pin_memory().to(device, non_blocking=True)
+        return (host if pinned else host.pin_memory()).to(device, non_blocking=True)
     return host.to(device)
 
 

@@ -114,6 +114,12 @@ def _check_problem(op, x_name, x, h0, w_hh, nonlinearity, sizes=None):
     return steps, batch, hidden
 
 
+@torch.library.register_fake("prnn::packed_rows")
+def _packed_rows_fake(batch_sizes, batch, rows, pin_memory=False):
+    # int64 whatever batch_sizes' integer dtype, as the op returns them.
+    return batch_sizes.new_empty(batch, dtype=torch.int64), batch_sizes.new_empty(rows, dtype=torch.int64)
+
+
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
     steps, batch, hidden = _check_problem("prnn::forward", "xp", xp, h0, w_hh, nonlinearity)

@@ -198,18 +198,22 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                 if short is not None:
                     return short[0], short[1]
         num_directions = 2 if self.bidirectional else 1
-        # isinstance and `lengths is not None` (packed input only), not a flag:
-        # TorchScript resolves these at compile time, for each input type.
+        # isinstance and `packed_sizes is not None` (packed input only), not a
+        # flag: TorchScript resolves these at compile time, for each input type.
         if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             self._check_input(data, expected_dim=2)
-            x, lengths, rows = _recurrent.pad_packed(data, batch_sizes, sorted_indices, hx)
+            _recurrent.check_batch_sizes_type(batch_sizes)
+            # Padded below where ours runs: nn.RNN's recurrence takes the packed data.
+            packed_sizes = batch_sizes
+            x = data
+            steps, batch = batch_sizes.numel(), _recurrent.packed_batch(batch_sizes, sorted_indices, hx)
             if hx is not None and sorted_indices is not None:
                 # hx is in the caller's batch order; the padded batch is sorted.
                 # Its shape first (nn.RNN permutes first): a batch too small
-                # would index out of range (on CUDA a device-side assert, fatal
-                # to the context), one too large would silently lose rows.
-                expected_hidden = (self.num_layers * num_directions, x.shape[1], self.hidden_size)
+                # would index out of range (on CUDA a device-side assert, fatal to the
+                # context), one too large would silently lose rows.
+                expected_hidden = (self.num_layers * num_directions, batch, self.hidden_size)
                 if hx.shape != expected_hidden:
                     raise RuntimeError(f"Expected hidden size {expected_hidden}, got {list(hx.shape)}")
                 hx = hx.index_select(1, sorted_indices)
@@ -235,9 +239,9 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                 )
             self._check_input(input, expected_dim=3)
             x = input.transpose(0, 1) if self.batch_first else input  # steps x batch x features
-            lengths = rows = None
+            steps, batch = x.shape[0], x.shape[1]
+            packed_sizes = None
 
-        steps, batch = x.shape[0], x.shape[1]
         expected_hidden = (self.num_layers * num_directions, batch, self.hidden_size)
         if hx is None:
             hx = x.new_zeros(expected_hidden)
@@ -255,11 +259,15 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             )
         if on_torch:
             # packed: on the packed data, as nn.RNN runs it
-            output, h_n = self._torch_layers(x if lengths is None else data, None if lengths is None else batch_sizes, hx)
+            output, h_n = self._torch_layers(x, packed_sizes, hx)
         else:
             if not torch.jit.is_scripting():  # torch's recurrence (above) runs under them, as nn's
                 _recurrent._refuse_func_autodiff("PersistentRNN")
-            flip = _time_indices(lengths, steps, x.device)
+            lengths: Tensor | None = None
+            rows: Tensor | None = None
+            if packed_sizes is not None:
+                x, lengths, rows = _recurrent._pad(data, packed_sizes, batch)
+            flip = _time_indices(lengths if num_directions == 2 else None, steps, x.device)
             states: list[Tensor] = []
             layer_input = x
             for layer in range(self.num_layers):
@@ -274,13 +282,13 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                 layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
             # One layer's h_n is already a tensor of its own: a view, not a copy.
             output, h_n = layer_input, states[0].unsqueeze(0) if len(states) == 1 else torch.stack(states)
-            if lengths is not None:
+            if rows is not None:
                 output = output.flatten(0, 1).index_select(0, rows)
 
-        if lengths is not None:
+        if packed_sizes is not None:
             output = PackedSequence(
                 output,
-                batch_sizes,
+                packed_sizes,
                 sorted_indices,
                 unsorted_indices,
             )

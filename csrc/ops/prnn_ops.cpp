@@ -227,13 +227,31 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(
   return call_forward(input_projection(x, w_ih, b_ih, b_hh), h0, w_hh, lengths, nonlinearity);
 }
 
-at::Tensor to_device_async(const at::Tensor& host, c10::Device device) {
+at::Tensor host_buffer(int64_t n, at::ScalarType dtype, c10::Device device) {
+  return at::empty({n}, at::TensorOptions().dtype(dtype).pinned_memory(!device.is_cpu()));
+}
+
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device, bool pinned) {
   if (device.is_cpu()) return host;
-  return host.pin_memory().to(host.options().device(device), /*non_blocking=*/true);
+  return (pinned ? host : host.pin_memory()).to(host.options().device(device), /*non_blocking=*/true);
 }
 
 at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch) {
   return (lengths - 1).clamp_min(0) * batch + at::arange(batch, lengths.options());
+}
+
+at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device, bool* unstarted) {
+  const at::Tensor l = lengths.contiguous();
+  const int64_t* length = l.const_data_ptr<int64_t>();
+  at::Tensor rows = host_buffer(batch, at::kLong, device);
+  int64_t* row = rows.mutable_data_ptr<int64_t>();
+  bool any_unstarted = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    row[b] = std::max<int64_t>(length[b] - 1, 0) * batch + b;
+    any_unstarted |= length[b] == 0;
+  }
+  if (unstarted != nullptr) *unstarted = any_unstarted;
+  return rows;
 }
 
 at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
@@ -243,18 +261,11 @@ at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
   if (!lengths.has_value()) return y.select(0, T - 1).clone(at::MemoryFormat::Contiguous);
   // final_state_rows as a loop over the host lengths: a few ATen calls less
   // of host time per layer, which the GPU may wait for.
-  const int64_t B = y.size(1);
-  const at::Tensor l = lengths->contiguous();
-  const int64_t* length = l.const_data_ptr<int64_t>();
-  at::Tensor rows = at::empty({B}, l.options());
-  int64_t* row = rows.mutable_data_ptr<int64_t>();
   bool unstarted = false;
-  for (int64_t b = 0; b < B; ++b) {
-    row[b] = std::max<int64_t>(length[b] - 1, 0) * B + b;
-    unstarted |= length[b] == 0;
-  }
-  at::Tensor h_n = as_rows(y).index_select(0, to_device_async(rows, y.device()));
+  const at::Tensor rows = final_state_rows_host(*lengths, y.size(1), y.device(), &unstarted);
+  at::Tensor h_n = as_rows(y).index_select(0, to_device_async(rows, y.device(), /*pinned=*/true));
   if (unstarted) {
+    const at::Tensor l = lengths->contiguous();
     const at::Tensor unstarted_rows = to_device_async((l == 0).nonzero().squeeze(1), y.device());
     h_n.index_copy_(0, unstarted_rows, h0.index_select(0, unstarted_rows));
   }
@@ -385,7 +396,7 @@ prnn_problem_t check_backward(const at::Tensor& grad_y, const at::Tensor& y,
 }
 
 at::Tensor host_lengths(const char* op, const std::optional<at::Tensor>& lengths,
-                        const prnn_problem_t& problem) {
+                        const prnn_problem_t& problem, c10::Device device) {
   if (!lengths.has_value()) return at::Tensor();
   const at::Tensor& l = *lengths;
   TORCH_CHECK(l.device().is_cpu(), op,
@@ -394,12 +405,19 @@ at::Tensor host_lengths(const char* op, const std::optional<at::Tensor>& lengths
   TORCH_CHECK(l.scalar_type() == at::kLong, op, ": lengths must be int64, got ", l.scalar_type());
   TORCH_CHECK(l.dim() == 1 && l.size(0) == problem.batch, op, ": lengths must have shape [batch=",
               problem.batch, "], got ", l.sizes());
-  if (problem.batch > 0) {
-    const int64_t lo = l.min().item<int64_t>(), hi = l.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi <= problem.steps, op, ": lengths must be in [0, steps=",
-                problem.steps, "], got values in [", lo, ", ", hi, "]");
+  const at::Tensor values = l.contiguous();
+  const int64_t* value = values.const_data_ptr<int64_t>();
+  at::Tensor lengths32 = host_buffer(problem.batch, at::kInt, device);
+  int32_t* length = lengths32.mutable_data_ptr<int32_t>();
+  int64_t lo = 0, hi = 0;
+  for (int64_t b = 0; b < problem.batch; ++b) {
+    lo = b == 0 ? value[b] : std::min(lo, value[b]);
+    hi = b == 0 ? value[b] : std::max(hi, value[b]);
+    length[b] = static_cast<int32_t>(value[b]);
   }
-  return l.to(at::kInt).contiguous();
+  TORCH_CHECK(lo >= 0 && hi <= problem.steps, op, ": lengths must be in [0, steps=", problem.steps,
+              "], got values in [", lo, ", ", hi, "]");
+  return lengths32;
 }
 
 at::Tensor workspace(const prnn_plan_t& plan, const at::Tensor& like) {
@@ -480,12 +498,14 @@ at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, c
     const int64_t B = y.size(1);
     const at::Tensor l = lengths->contiguous();  // checked: host int64 in [0, T]
     const int64_t* length = l.const_data_ptr<int64_t>();
-    std::vector<int64_t> ended;
-    for (int64_t b = 0; b < B; ++b)
-      if (length[b] < T) ended.push_back(length[b] * B + b);
-    if (!ended.empty()) {
-      const at::Tensor rows = at::tensor(ended, l.options());
-      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device()), 0);
+    int64_t ended = 0;
+    for (int64_t b = 0; b < B; ++b) ended += length[b] < T;
+    if (ended > 0) {
+      at::Tensor rows = host_buffer(ended, at::kLong, prev.device());
+      int64_t* row = rows.mutable_data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b)
+        if (length[b] < T) *row++ = length[b] * B + b;
+      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device(), /*pinned=*/true), 0);
     }
   }
   return as_rows(delta).t().mm(as_rows(prev));
@@ -932,6 +952,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return finish_gated_backward(problem, call, lengths);
 }
 
+// prnn::packed_rows: a PackedSequence's lengths [batch] (batch -1:
+// batch_sizes[0]) and the index of each of its `rows` packed rows in the flattened padded [steps * batch] rows,
+// int64 on the CPU (the index in pinned memory with pin_memory, for a queued
+// copy to a GPU). Packed rows are time-major, each step's sequences in batch
+// order. batch_sizes as pack_padded_sequence makes them, checked first: a
+// hand-built one with growing sizes would run with the wrong lengths, and a
+// negative or too large size index out of range.
+std::tuple<at::Tensor, at::Tensor> packed_rows(const at::Tensor& batch_sizes, c10::SymInt batch_,
+                                               c10::SymInt rows_, bool pin_memory) {
+  TORCH_CHECK_TYPE(batch_sizes.dim() == 1, "PackedSequence: batch_sizes must be a 1-D tensor of integers, got ",
+                   batch_sizes.dim(), "-D");
+  TORCH_CHECK_TYPE(at::isIntegralType(batch_sizes.scalar_type(), /*includeBool=*/false),
+                   "PackedSequence: batch_sizes must be a 1-D tensor of integers, got other values");
+  TORCH_CHECK(batch_sizes.device().is_cpu(), "PackedSequence: batch_sizes must be on the CPU, got one on ",
+              batch_sizes.device());
+  int64_t batch = batch_.expect_int();
+  const int64_t rows = rows_.expect_int();
+  const at::Tensor sizes = batch_sizes.to(at::kLong).contiguous();
+  const int64_t steps = sizes.numel();
+  const int64_t* size = sizes.const_data_ptr<int64_t>();
+  const auto listed = [&] {
+    std::string list = "[";
+    for (int64_t t = 0; t < steps; ++t) list += (t > 0 ? ", " : "") + std::to_string(size[t]);
+    return list + "]";
+  };
+  if (batch < 0) {  // batch_sizes[0], with Python's error for an empty tensor
+    TORCH_CHECK_INDEX(steps > 0, "index 0 is out of bounds for dimension 0 with size 0");
+    batch = size[0];
+  }
+  TORCH_CHECK(steps == 0 || size[0] == batch, "PackedSequence: batch_sizes ", listed(), " is a batch of ", size[0],
+              " sequences, but sorted_indices or hx have a batch of ", batch);
+  bool well_formed = true;
+  int64_t sum = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    well_formed &= size[t] >= 0 && (t == 0 || size[t] <= size[t - 1]);
+    sum += size[t];
+  }
+  TORCH_CHECK(well_formed && sum == rows,
+              "PackedSequence: batch_sizes must be non-negative, non-increasing and sum to the number of data "
+              "rows, got batch_sizes ", listed(), " for ", rows, " rows");
+  at::Tensor lengths = at::zeros({batch}, at::kLong);
+  at::Tensor index = at::empty({rows}, at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory));
+  int64_t *length = lengths.mutable_data_ptr<int64_t>(), *row = index.mutable_data_ptr<int64_t>();
+  for (int64_t t = 0; t < steps; ++t)
+    for (int64_t b = 0; b < size[t]; ++b) {  // size[t] <= size[0] = batch
+      *row++ = t * batch + b;
+      ++length[b];
+    }
+  return {lengths, index};
+}
+
 }  // namespace
 
 }  // namespace torch_prnn
@@ -987,6 +1058,9 @@ TORCH_LIBRARY(prnn, m) {
   m.def(
       "layers(Tensor input, Tensor h, Tensor? c, Tensor[] params, str mode, float dropout) "
       "-> (Tensor output, Tensor h_n, Tensor c_n)");
+  // A PackedSequence's lengths and where its rows sit in the padded batch
+  // (packed_rows above), for eager calls and torch.compile's graphs alike.
+  m.def("packed_rows(Tensor batch_sizes, SymInt batch, SymInt rows, bool pin_memory=False) -> (Tensor, Tensor)");
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
@@ -1007,6 +1081,7 @@ TORCH_LIBRARY_IMPL(prnn, CPU, m) {
 // The layer's GEMM and the recurrence's own dispatch cover every device (CUDA
 // has its own kernel, which fuses the two where it can: prnn_ops_cuda.cpp).
 TORCH_LIBRARY_IMPL(prnn, CompositeExplicitAutograd, m) {
+  m.impl("packed_rows", &torch_prnn::packed_rows);  // batch_sizes on any device gets its check
   m.impl("layer", &torch_prnn::layer_forward);
   m.impl("gated_layer", &torch_prnn::gated_layer_forward);
 }

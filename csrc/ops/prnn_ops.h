@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 
 #include <optional>
 #include <tuple>
@@ -32,9 +33,10 @@ prnn_problem_t check_backward(const at::Tensor& grad_y, const at::Tensor& y,
                               c10::string_view nonlinearity);
 
 // Checks `lengths` (CPU int64 [batch], values in [0, steps]) and returns it as
-// contiguous host int32, or an undefined tensor when absent.
+// contiguous host int32 in a host_buffer for `device`, or an undefined tensor
+// when absent. One pass over the values, no ATen op: a packed call's host time.
 at::Tensor host_lengths(const char* op, const std::optional<at::Tensor>& lengths,
-                        const prnn_problem_t& problem);
+                        const prnn_problem_t& problem, c10::Device device = c10::kCPU);
 
 // True when some size is zero: the outputs are empty (or zero) and the C API,
 // which takes sizes >= 1, is not called.
@@ -80,11 +82,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
     const at::Tensor& grad_xp, const at::Tensor& y, const at::Tensor& h0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& lengths, bool h0_grad);
 
-// A host tensor on `device` (itself on the CPU), copied without waiting for
-// the kernels queued on the stream: staged through pinned memory, as from
-// pageable memory the driver may wait for them; the caching host allocator
-// keeps the pinned buffer until the copy has run.
-at::Tensor to_device_async(const at::Tensor& host, c10::Device device);
+// An empty host tensor [n] to fill and hand to to_device_async: pinned
+// where `device` is a GPU (a copy from pageable memory may wait for the
+// kernels queued on the stream), plain memory for the CPU.
+at::Tensor host_buffer(int64_t n, at::ScalarType dtype, c10::Device device);
+
+// A host_buffer for `device` on `device` (itself on the CPU), copied without
+// waiting for the kernels queued on the stream; the caching host allocator
+// keeps the pinned buffer until the copy has run. Any other host tensor is
+// staged through pinned memory first.
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device, bool pinned = false);
 
 // h_n [batch, hidden], a tensor of its own (never a view of y): each
 // sequence's state after its last step, y[lengths[b] - 1, b] (y[steps - 1, b]
@@ -95,8 +102,18 @@ at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
 // The row of y's [steps * batch, hidden] rows (as_rows) that holds each
 // sequence's final state: (lengths[b] - 1) batch + b, at step 0 where a length
 // is 0. A host int64 tensor [batch] from the CPU lengths, in ATen ops that
-// torch.compile can trace (final_state computes the same rows in a loop).
+// torch.compile can trace.
 at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch);
+
+// The same rows from a loop over the host lengths (no ATen op) into a
+// host_buffer for `device`; *unstarted (where given): whether a length is 0.
+// Eager calls only: lengths must be a real CPU tensor (see readable).
+at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device,
+                                 bool* unstarted = nullptr);
+
+// Whether a tensor's values can be read on the host: not a fake or
+// functional tensor that torch.compile traces.
+inline bool readable(const at::Tensor& t) { return !at::isTensorSubclassLike(t); }
 
 // The weight gradient of a recurrence, one GEMM after its backward pass:
 // sum_t delta_t^T s_{t-1} over states s_{-1} = h0, s_t = y_t; delta [T,B,N],

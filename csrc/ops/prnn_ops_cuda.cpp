@@ -27,7 +27,7 @@ at::Tensor on_device(const char* op, const at::Tensor& host_lengths32, const at:
   TORCH_CHECK(capture == cudaStreamCaptureStatusNone, op,
               ": lengths (packed input) cannot be captured in a CUDA graph: they are host data, which a "
               "replay would not read again; capture padded input");
-  return to_device_async(host_lengths32, x.device());
+  return to_device_async(host_lengths32, x.device(), /*pinned=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::Tensor& h0,
@@ -38,7 +38,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::
   const prnn_problem_t problem = check_forward(xp, h0, w_hh, lengths, nonlinearity);
   // After the checks every tensor is on xp's device: a CPU xp would have
   // failed them (the call came here because some argument is on CUDA).
-  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem, xp.device());
   const c10::cuda::CUDAGuard guard(xp.device());
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, xp.options());
   const at::Tensor lengths32 = on_device(op, host_lengths32, xp);
@@ -90,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
     return layer_forward(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   check_status(op, status);
 
-  const at::Tensor host_lengths32 = host_lengths("prnn::forward", lengths, problem);  // its messages
+  const at::Tensor host_lengths32 = host_lengths("prnn::forward", lengths, problem, x.device());  // its messages
   at::Tensor y = at::empty({problem.steps, problem.batch, problem.hidden}, x.options());
   at::Tensor h_n = at::empty({problem.batch, problem.hidden}, x.options());  // written by the C API
   const at::Tensor lengths32 = on_device(op, host_lengths32, x);
@@ -160,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const std::optional<at::Tensor>& lengths, c10::string_view nonlinearity, bool h0_grad) {
   const char* op = "prnn::backward";
   const prnn_problem_t problem = check_backward(grad_y, y, h0, w_hh, lengths, nonlinearity);
-  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem, y.device());
   const c10::cuda::CUDAGuard guard(y.device());
   at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
   const at::Tensor lengths32 = on_device(op, host_lengths32, y);
@@ -183,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cuda(
     const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& w_hh,
     const std::optional<at::Tensor>& w_hr, const std::optional<at::Tensor>& lengths, bool save) {
   const prnn_problem_t problem = check_gated_forward(op, cell, xp, b_hh, h0, c0, w_hh, w_hr, lengths);
-  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem, xp.device());
   const c10::cuda::CUDAGuard guard(xp.device());
   const GatedForwardCall call = gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr,
                                                    on_device(op, host_lengths32, xp), save);
@@ -206,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& lengths) {
   const prnn_problem_t problem = check_gated_backward(op, cell, grad_y, grad_h_n, grad_c_n, h0, c0,
                                                       y, saved, w_hh, w_hr, lengths);
-  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem);
+  const at::Tensor host_lengths32 = host_lengths(op, lengths, problem, y.device());
   const c10::cuda::CUDAGuard guard(y.device());
   const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
                                                      saved, w_hh, w_hr, on_device(op, host_lengths32, y));
