@@ -39,7 +39,15 @@ def test_limits_follow_the_measurements():
     faster = _crossover.torch_runs
     assert not faster("lstm", torch.bfloat16, "cuda", 8, 256)
     assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
-    assert not faster("lstm", torch.float32, "cuda", 16, 1024)
+    assert faster("lstm", torch.float32, "cuda", 16, 1024)  # forward 0.90-0.95x at T = 256
+    assert not faster("lstm", torch.float32, "cuda", 8, 1024)
+    # One timestep a call without gradients (the few-steps kernel) stays ours to B = 16.
+    assert not faster("lstm", torch.float32, "cuda", 16, 1024, steps=1)
+    assert faster("lstm", torch.float32, "cuda", 16, 1024, steps=2)
+    assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True, steps=1)
+    assert faster("lstm", torch.float32, "cuda", 17, 1024, steps=1)
+    assert faster("gru", torch.float32, "cuda", 4, 2048, steps=1)
+    assert not faster("rnn", torch.float32, "cuda", 4, 2048, steps=1)
     assert not faster("rnn", torch.float32, "cuda", 128, 512)  # the Elman cluster tier
     assert faster("rnn", torch.float32, "cuda", 256, 512)
     assert not faster("rnn", torch.bfloat16, "cuda", 256, 1024)  # 16-bit Elman: waves from B = 512

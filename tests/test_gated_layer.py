@@ -155,8 +155,9 @@ def test_few_steps_module_call(cell, dtype):
     to the dtype, the rest exact), and against nn's in float64 within TOL or
     4x the largest error of nn's layer, nn's cell (which, like ours, rounds
     the input projection) and that model."""
+    # (1024, 1024, 16): where a float32 LSTM's calls of more steps go to nn.LSTM (torch_prnn._crossover).
     for I, H, B, bias in ((1024, 1024, 1, True), (40, 64, 16, False), (7, 33, 3, True), (1, 1, 1, True),
-                          (520, 256, 5, True)):
+                          (520, 256, 5, True), (1024, 1024, 16, True)):
         assert torch_prnn.plan(H, batch=B, steps=1, dtype=dtype, device="cuda", cell=cell,
                                input_size=I)["tier"] == "few_steps", (I, H, B)
         theirs, ours, exact = twins(cell, I, H, dtype, bias=bias, seed=I + H + B)

@@ -50,9 +50,10 @@ _CUDA_LIMITS = {
     ("rnn", "float16", False): ((256, 128), (512, _INF), (1024, 256), (1536, 64), (2048, 16), (3072, 8)),
     ("rnn", "float16", True): ((256, 128), (512, _INF), (1024, 256), (1536, 64), (2048, 16), (3072, 8)),
     # LSTM: ours below nn.LSTM from B * H = 32K (B = 64 H = 512: 0.84-0.94x,
-    # B = 32 H = 1024: 0.43-0.67x); float32 training at H = 1024 already at
-    # B = 16 (0.77x).
-    ("lstm", "float32", False): ((384, 64), (768, 32), (1024, 16)),
+    # B = 32 H = 1024: 0.43-0.67x); float32 at H = 1024 already at B = 16
+    # (training 0.77x; forward 0.90-0.95x at T = 256 in two runs, 1.08x at
+    # T = 64; packed 0.77-0.84x).
+    ("lstm", "float32", False): ((384, 64), (768, 32), (1024, 8)),
     ("lstm", "float32", True): ((384, 64), (768, 32), (1024, 8)),
     ("lstm", "bfloat16", False): ((384, 64), (768, 32), (1024, 16)),
     ("lstm", "bfloat16", True): ((384, 64), (768, 32), (1024, 16)),
@@ -65,6 +66,11 @@ _CUDA_LIMITS = {
     ("gru", "16-bit", False): ((384, 64), (768, 32), (1024, 16)),
     ("gru", "16-bit", True): ((384, 64), (768, 32), (1024, 16)),
 }
+
+# One timestep a call without gradients on the few-steps kernel, as measured
+# against nn's modules (bench/NOTES.md, one timestep a call).
+_FEW_STEPS_MAX_BATCH = 16
+_FEW_STEPS_MAX_HIDDEN = {"rnn": 2048, "lstm": 1024, "gru": 1024}
 
 # The 16-bit gated cells where their cluster family runs (compute capability
 # 9.0 or later, the cluster tier not disabled), forward and training: at
@@ -165,13 +171,17 @@ def _cluster_family_runs(index: int) -> bool:
 
 
 def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
-                    proj_size: int = 0, training: bool = False, device_index: int | None = None) -> bool:
+                    proj_size: int = 0, training: bool = False, device_index: int | None = None,
+                    steps: int | None = None) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
     device, batch and hidden size runs on torch's own recurrence: where that
     is faster, and on the CPU under autocast; training: the call's backward
     runs too. float64 always stays on ours (the reference the tests use), as
     does every device but CUDA and the CPU. device_index: the CUDA device
-    (default: the current one)."""
+    (default: the current one). steps: given by the callers whose layers
+    take the few-steps kernel (prnn::layers), where one timestep a call
+    without gradients at B <= 16 stays ours where measured (the gated cells
+    1.9-2.0x nn's at H = 640-1024, Elman to H = 2048)."""
     if not enabled:
         return False
     if device_type == "meta":
@@ -192,7 +202,8 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         return cell in _CPU_TORCH_CELLS and hidden >= _CPU_TORCH_MIN_HIDDEN
     if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
-    if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in (torch.float16, torch.bfloat16):
+    autocast = torch.is_autocast_enabled("cuda")
+    if autocast and torch.get_autocast_dtype("cuda") in (torch.float16, torch.bfloat16):
         # The call computes in 16 bits: ours in the autocast dtype (ops.py's
         # rule, both 16-bit dtypes at about one speed), nn's on cuDNN in
         # float16 whatever the autocast dtype (its autocast wrapper casts to
@@ -200,6 +211,9 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         dtype = torch.float16
     if proj_size > 0:  # our stepwise tier
         return True
+    if (steps == 1 and not training and not autocast and batch <= _FEW_STEPS_MAX_BATCH
+            and hidden <= _FEW_STEPS_MAX_HIDDEN[cell]):
+        return False
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     if cell != "rnn" and dtype != torch.float32:
         index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
