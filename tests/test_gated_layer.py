@@ -72,6 +72,26 @@ def test_cpu_is_the_ops(cell, bias):
 
 
 @pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("cell", MODES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_batch_first_input_is_the_ops(device, cell, bias):
+    """x as a batch_first module passes it (a transposed view, whose leading
+    dimensions do not fold into rows without a copy) and weights that
+    require grad, under no_grad: the bits of the regular path, whose F.linear
+    above autograd folds x into one GEMM (below autograd at::matmul would
+    run a batched GEMM). T = 3: the ops on CUDA too."""
+    x, w_ih, b_ih, b_hh, h0, c0, w_hh = layer_inputs(cell, 3, 2, 6, 5, device=device, bias=bias)
+    x = x.transpose(0, 1).contiguous().transpose(0, 1)  # [T, B, I] with the strides of a transposed [B, T, I]
+    w_ih.requires_grad_()
+    with torch.no_grad():
+        got = gated_layer(x, w_ih, b_ih, b_hh, h0, c0, w_hh, MODES[cell])
+        expected = the_ops(cell, x, w_ih, b_ih, b_hh, h0, c0, w_hh)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    if cell == "lstm":
+        assert torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize("device", devices)
 def test_errors(device):
     x, w_ih, b_ih, b_hh, h0, c0, w_hh = layer_inputs("lstm", 1, 2, 3, 4, device=device)
     with pytest.raises(ValueError, match=r"prnn::gated_layer: mode must be 'LSTM' or 'GRU', got 'RNN'"):

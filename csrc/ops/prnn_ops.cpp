@@ -833,11 +833,26 @@ bool check_gated_layer(const at::Tensor& x, const at::Tensor& w_ih, const std::o
   return lstm;
 }
 
+// at::linear(x, w_ih, b_ih) as the modules' regular path computes it, above
+// autograd. Below autograd, where prnn::gated_layer's impls run, w_ih's
+// transpose does not require grad, and at::matmul then multiplies a 3-D x
+// whose leading dimensions do not fold into rows without a copy (batch_first
+// input) by a batched GEMM instead of one GEMM over its copied rows: other
+// bits. Under inference mode the regular path does not fold either.
+at::Tensor gated_input_projection(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih) {
+  const bool folds_above = w_ih.requires_grad() && !c10::InferenceMode::is_enabled() && x.dim() == 3 &&
+                           x.numel() > 0 && x.stride(0) != x.stride(1) * x.size(1);
+  if (!folds_above) return at::linear(x, w_ih, b_ih);
+  at::Tensor xp = x.reshape({-1, x.size(2)}).mm(w_ih.t()).view({x.size(0), x.size(1), w_ih.size(0)});
+  if (b_ih.has_value()) xp.add_(*b_ih);
+  return xp;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_ops(
     const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih,
     const std::optional<at::Tensor>& b_hh, const at::Tensor& h0, const std::optional<at::Tensor>& c0,
     const at::Tensor& w_hh, bool lstm) {
-  const at::Tensor xp = at::linear(x, w_ih, b_ih);
+  const at::Tensor xp = gated_input_projection(x, w_ih, b_ih);
   if (lstm) {
     auto [y, h_n, c_n, saved] = call_lstm(xp, b_hh, h0, *c0, w_hh, std::nullopt, std::nullopt, /*save=*/false);
     return {y, h_n, c_n};
