@@ -48,6 +48,7 @@ def test_limits_follow_the_measurements():
     assert faster("lstm", torch.float32, "cuda", 17, 1024, steps=1)
     assert faster("gru", torch.float32, "cuda", 4, 2048, steps=1)
     assert not faster("rnn", torch.float32, "cuda", 4, 2048, steps=1)
+    assert faster("lstm", torch.float16, "cuda", 8, 1024, steps=1)  # not timed at T = 1: its limits
     assert not faster("rnn", torch.float32, "cuda", 128, 512)  # the Elman cluster tier
     assert faster("rnn", torch.float32, "cuda", 256, 512)
     assert not faster("rnn", torch.bfloat16, "cuda", 256, 1024)  # 16-bit Elman: waves from B = 512

@@ -74,13 +74,17 @@ def test_cpu_is_the_ops(cell, bias):
 @pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("cell", MODES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_batch_first_input_is_the_ops(device, cell, bias):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("steps, batch", [(3, 2), (1, 17), (7, 1)])
+def test_batch_first_input_is_the_ops(device, cell, bias, dtype, steps, batch):
     """x as a batch_first module passes it (a transposed view, whose leading
-    dimensions do not fold into rows without a copy) and weights that
-    require grad, under no_grad: the bits of the regular path, whose F.linear
-    above autograd folds x into one GEMM (below autograd at::matmul would
-    run a batched GEMM). T = 3: the ops on CUDA too."""
-    x, w_ih, b_ih, b_hh, h0, c0, w_hh = layer_inputs(cell, 3, 2, 6, 5, device=device, bias=bias)
+    dimensions do not fold into rows without a copy, or with T or B of 1 a
+    contiguous one that still fails the fold test) and weights that require
+    grad, under no_grad: the bits of the regular path, whose F.linear above
+    autograd folds x into one GEMM (below autograd at::matmul would run a
+    batched GEMM) or, contiguous with a bias, runs one addmm. B = 17 at
+    T = 1: past the few-steps kernel, the ops on CUDA too."""
+    x, w_ih, b_ih, b_hh, h0, c0, w_hh = layer_inputs(cell, steps, batch, 6, 5, dtype, device, bias)
     x = x.transpose(0, 1).contiguous().transpose(0, 1)  # [T, B, I] with the strides of a transposed [B, T, I]
     w_ih.requires_grad_()
     with torch.no_grad():

@@ -181,7 +181,8 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
     (default: the current one). steps: given by the callers whose layers
     take the few-steps kernel (prnn::layers), where one timestep a call
     without gradients at B <= 16 stays ours where measured (the gated cells
-    1.9-2.0x nn's at H = 640-1024, Elman to H = 2048)."""
+    1.9-2.0x nn's at H = 640-1024 in float32 and bfloat16, not timed in
+    float16; Elman to H = 2048)."""
     if not enabled:
         return False
     if device_type == "meta":
@@ -212,7 +213,7 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
     if proj_size > 0:  # our stepwise tier
         return True
     if (steps == 1 and not training and not autocast and batch <= _FEW_STEPS_MAX_BATCH
-            and hidden <= _FEW_STEPS_MAX_HIDDEN[cell]):
+            and hidden <= _FEW_STEPS_MAX_HIDDEN[cell] and (cell == "rnn" or dtype != torch.float16)):
         return False
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     if cell != "rnn" and dtype != torch.float32:

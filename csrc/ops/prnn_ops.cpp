@@ -838,10 +838,11 @@ bool check_gated_layer(const at::Tensor& x, const at::Tensor& w_ih, const std::o
 // transpose does not require grad, and at::matmul then multiplies a 3-D x
 // whose leading dimensions do not fold into rows without a copy (batch_first
 // input) by a batched GEMM instead of one GEMM over its copied rows: other
-// bits. Under inference mode the regular path does not fold either.
+// bits. A contiguous x with a bias (also one whose size-1 dimensions break
+// the fold test) takes at::linear's one addmm on both sides.
 at::Tensor gated_input_projection(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih) {
-  const bool folds_above = w_ih.requires_grad() && !c10::InferenceMode::is_enabled() && x.dim() == 3 &&
-                           x.numel() > 0 && x.stride(0) != x.stride(1) * x.size(1);
+  const bool folds_above = w_ih.requires_grad() && x.dim() == 3 && x.numel() > 0 &&
+                           x.stride(0) != x.stride(1) * x.size(1) && !(b_ih.has_value() && x.is_contiguous());
   if (!folds_above) return at::linear(x, w_ih, b_ih);
   at::Tensor xp = x.reshape({-1, x.size(2)}).mm(w_ih.t()).view({x.size(0), x.size(1), w_ih.size(0)});
   if (b_ih.has_value()) xp.add_(*b_ih);
