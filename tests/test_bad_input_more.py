@@ -200,6 +200,15 @@ def test_packed_rows_bad_batch_sizes_names_it(batch_sizes, batch, rows):
         P.packed_rows(batch_sizes, batch, rows)
 
 
+@pytest.mark.parametrize("cls", [torch_prnn.PersistentRNN, torch_prnn.PersistentLSTM, torch_prnn.PersistentGRU])
+def test_negative_first_batch_size_names_batch_sizes(cls):
+    """A hand-built PackedSequence whose first batch size is negative: the
+    batch_sizes error, before a state is made from that size ('negative
+    dimension')."""
+    with pytest.raises(RuntimeError, match=r"batch_sizes must be non-negative.* got batch_sizes \[-2, 3\] for 1 rows"):
+        cls(4, 6)(PackedSequence(torch.randn(1, 4), torch.tensor([-2, 3])))
+
+
 # ---- the modules against nn ---------------------------------------------------
 
 _MODULES = [

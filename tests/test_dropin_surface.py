@@ -351,6 +351,7 @@ BAD_CALLS = [
     ("input size", "gru", False, lambda: (torch.randn(5, 3, 6), None)),
     ("no steps", "lstm", False, lambda: (torch.randn(0, 3, 4), None)),
     ("malformed packing", "gru", True, lambda: (PackedSequence(torch.randn(10, 4), torch.tensor([3, 2, 3, 1, 1])), None)),
+    ("negative batch size", "lstm", True, lambda: (PackedSequence(torch.randn(1, 4), torch.tensor([-2, 3])), None)),
     ("packed hx batch", "lstm", True,
      lambda: (pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([3, 5, 1]), enforce_sorted=False),
               (torch.randn(1, 2, 7), torch.randn(1, 2, 7)))),

@@ -301,7 +301,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             # Padded below only where ours runs: nn's recurrence takes the packed data.
             x = data
             steps = batch_sizes.numel()
-            batch = packed_batch(batch_sizes, sorted_indices, None if states is None else states[0])
+            batch = packed_batch(batch_sizes, data.shape[0], sorted_indices, None if states is None else states[0])
         else:
             if input.dim() not in (2, 3):
                 raise ValueError(self._input_dim_error.format(input.dim()))
@@ -612,13 +612,17 @@ def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
         )
 
 
-def packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
-    """The number of sequences of a PackedSequence: batch_sizes[0] (IndexError
-    for an empty one, as nn's modules raise), or under torch.compile as
-    _packed_batch reads it."""
+def packed_batch(batch_sizes: Tensor, rows: int, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
+    """The number of sequences of a PackedSequence of `rows` packed rows:
+    batch_sizes[0] (IndexError for an empty one, as nn's modules raise), or
+    under torch.compile as _packed_batch reads it. A negative one gets the
+    batch_sizes error here, before any state is made from it."""
     if torch.compiler.is_compiling():
         return _packed_batch(batch_sizes, sorted_indices, hx)
-    return int(batch_sizes[0])
+    batch = int(batch_sizes[0])
+    if batch < 0:
+        check_batch_sizes(batch_sizes, rows)
+    return batch
 
 
 def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:

@@ -207,7 +207,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             # Padded below where ours runs: nn.RNN's recurrence takes the packed data.
             packed_sizes = batch_sizes
             x = data
-            steps, batch = batch_sizes.numel(), _recurrent.packed_batch(batch_sizes, sorted_indices, hx)
+            steps, batch = batch_sizes.numel(), _recurrent.packed_batch(batch_sizes, data.shape[0], sorted_indices, hx)
             if hx is not None and sorted_indices is not None:
                 # hx is in the caller's batch order; the padded batch is sorted.
                 # Its shape first (nn.RNN permutes first): a batch too small
