@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <string>
 #include <vector>
@@ -839,10 +840,16 @@ bool check_gated_layer(const at::Tensor& x, const at::Tensor& w_ih, const std::o
 // whose leading dimensions do not fold into rows without a copy (batch_first
 // input) by a batched GEMM instead of one GEMM over its copied rows: other
 // bits. A contiguous x with a bias (also one whose size-1 dimensions break
-// the fold test) takes at::linear's one addmm on both sides.
+// the fold test), or any 3-D x with a bias under TORCH_LINEAR_FLATTEN_3D=1,
+// takes at::linear's one addmm on both sides.
 at::Tensor gated_input_projection(const at::Tensor& x, const at::Tensor& w_ih, const std::optional<at::Tensor>& b_ih) {
+  static const bool flatten_3d = [] {  // at::linear reads it so too
+    const char* value = std::getenv("TORCH_LINEAR_FLATTEN_3D");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  const bool addmm = b_ih.has_value() && (x.is_contiguous() || flatten_3d);
   const bool folds_above = w_ih.requires_grad() && x.dim() == 3 && x.numel() > 0 &&
-                           x.stride(0) != x.stride(1) * x.size(1) && !(b_ih.has_value() && x.is_contiguous());
+                           x.stride(0) != x.stride(1) * x.size(1) && !addmm;
   if (!folds_above) return at::linear(x, w_ih, b_ih);
   at::Tensor xp = x.reshape({-1, x.size(2)}).mm(w_ih.t()).view({x.size(0), x.size(1), w_ih.size(0)});
   if (b_ih.has_value()) xp.add_(*b_ih);
