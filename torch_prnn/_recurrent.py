@@ -614,44 +614,34 @@ def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
 
 def packed_batch(batch_sizes: Tensor, rows: int, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
     """The number of sequences of a PackedSequence of `rows` packed rows:
-    batch_sizes[0] (IndexError for an empty one, as nn's modules raise), or
-    under torch.compile as _packed_batch reads it. A negative one gets the
-    batch_sizes error here, before any state is made from it."""
-    if torch.compiler.is_compiling():
-        return _packed_batch(batch_sizes, sorted_indices, hx)
-    batch = int(batch_sizes[0])
-    if batch < 0:
-        check_batch_sizes(batch_sizes, rows)
-    return batch
-
-
-def _packed_batch(batch_sizes: Tensor, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
-    """The number of sequences of a PackedSequence, batch_sizes[0], as
-    prnn::packed_rows takes it: -1 in eager calls (the op reads it, and
-    raises IndexError for an empty batch_sizes, as nn's modules do). Under
-    torch.compile batch_sizes is data to the graph and a size read from it is
-    unbacked, which shapes cannot be compared with; there the batch is
-    sorted_indices' or hx's where one is given, and prnn::packed_rows checks
-    batch_sizes against it when the graph runs."""
+    batch_sizes[0] (IndexError for an empty one, as nn's modules raise; a
+    negative one gets the batch_sizes error here, before any state is made
+    from it). Under torch.compile batch_sizes is data to the graph and a size
+    read from it is unbacked, which shapes cannot be compared with; there the
+    batch is sorted_indices' or hx's where one is given, and
+    prnn::packed_rows checks batch_sizes against it when the graph runs."""
     if torch.compiler.is_compiling():
         if sorted_indices is not None:
             return sorted_indices.shape[0]
         if hx is not None and hx.dim() == 3:
             return hx.shape[1]
         return int(batch_sizes[0])
-    return -1
+    batch = int(batch_sizes[0])
+    if batch < 0:
+        check_batch_sizes(batch_sizes, rows)
+    return batch
 
 
 def pad_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Tensor | None,
                hx: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """A PackedSequence's rows padded (_pad), its batch read as _packed_batch
+    """A PackedSequence's rows padded (_pad), its batch read as packed_batch
     reads it (hx: the first state as the caller gave it, or None)."""
     check_batch_sizes_type(batch_sizes)
-    return _pad(data, batch_sizes, _packed_batch(batch_sizes, sorted_indices, hx))
+    return _pad(data, batch_sizes, packed_batch(batch_sizes, data.shape[0], sorted_indices, hx))
 
 
 def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Packed rows [N, I] of `batch` sequences (-1: batch_sizes[0]) -> (padded [T, B, I] with zeros
+    """Packed rows [N, I] of `batch` sequences -> (padded [T, B, I] with zeros
     past each length, lengths [B] on the CPU, index of each packed row in the
     flattened padded [T*B] rows, on data's device). prnn::packed_rows checks
     batch_sizes (a graph's too, before anything uses its indices: out of
@@ -663,7 +653,6 @@ def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor,
     pinned = data.is_cuda and not torch.compiler.is_compiling()
     lengths, index = torch.ops.prnn.packed_rows(batch_sizes, batch, rows, pinned)
     index = to_device_queued(index, data.device, pinned)
-    batch = lengths.shape[0]
     padded = data.new_zeros(steps * batch, data.shape[-1]).index_copy(0, index, data)
     return padded.view(steps, batch, data.shape[-1]), lengths, index
 

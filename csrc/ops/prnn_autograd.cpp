@@ -9,7 +9,6 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <string>
 
 #include "prnn_ops.h"
@@ -46,15 +45,6 @@ at::Tensor on_device_of(const at::Tensor& host, const at::Tensor& like) {
   return host.to(host.options().device(like.device()), /*non_blocking=*/true);
 }
 
-// Whether some sequence has no step (pack_padded_sequence makes none; a
-// hand-built PackedSequence may). Traced lengths: assumed so.
-bool has_unstarted(const at::Tensor& lengths) {
-  if (!readable(lengths)) return true;
-  const at::Tensor l = lengths.contiguous();
-  const int64_t* length = l.const_data_ptr<int64_t>();
-  return std::any_of(length, length + l.numel(), [](int64_t n) { return n == 0; });
-}
-
 // grad_y with grad_h_n added at each sequence's last step, where h_n copied
 // y (steps >= 1). A fresh tensor: grad_y may be autograd's own or stride 0.
 at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& grad_h_n,
@@ -69,7 +59,7 @@ at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& gra
   // ignores (past a length the deltas are zero whatever grad_y holds).
   const at::Tensor rows =
       readable(*lengths) && readable(y)
-          ? to_device_async(final_state_rows_host(*lengths, y.size(1), y.device()), y.device(), /*pinned=*/true)
+          ? to_device_async(final_state_rows_host(*lengths, y.size(1), y.device()), y.device())
           : on_device_of(final_state_rows(*lengths, y.sym_size(1)), y);
   as_rows(grad).index_put_({rows}, grad_h_n, /*accumulate=*/true);
   return grad;
@@ -93,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_backward(
   if (!h0_grad) return {grad_xp, at::Tensor(), grad_w_hh};
   if (grad_h_n.defined() && !has_steps) {
     grad_h0 = grad_h0 + grad_h_n;
-  } else if (grad_h_n.defined() && lengths.has_value() && has_unstarted(*lengths)) {
+  } else if (grad_h_n.defined() && lengths.has_value() && (!readable(*lengths) || has_unstarted(*lengths))) {
     // Where a length is 0, h_n is h0 and the recurrence gave h0 no gradient.
     const at::Tensor unstarted = (*lengths == 0).unsqueeze(1);
     grad_h0 = at::where(on_device_of(unstarted, y), grad_h_n, grad_h0);

@@ -232,26 +232,27 @@ at::Tensor host_buffer(int64_t n, at::ScalarType dtype, c10::Device device) {
   return at::empty({n}, at::TensorOptions().dtype(dtype).pinned_memory(!device.is_cpu()));
 }
 
-at::Tensor to_device_async(const at::Tensor& host, c10::Device device, bool pinned) {
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device) {
   if (device.is_cpu()) return host;
-  return (pinned ? host : host.pin_memory()).to(host.options().device(device), /*non_blocking=*/true);
+  return host.to(host.options().device(device), /*non_blocking=*/true);
+}
+
+bool has_unstarted(const at::Tensor& lengths) {
+  const at::Tensor l = lengths.contiguous();
+  const int64_t* length = l.const_data_ptr<int64_t>();
+  return std::any_of(length, length + l.numel(), [](int64_t n) { return n == 0; });
 }
 
 at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch) {
   return (lengths - 1).clamp_min(0) * batch + at::arange(batch, lengths.options());
 }
 
-at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device, bool* unstarted) {
+at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device) {
   const at::Tensor l = lengths.contiguous();
   const int64_t* length = l.const_data_ptr<int64_t>();
   at::Tensor rows = host_buffer(batch, at::kLong, device);
   int64_t* row = rows.mutable_data_ptr<int64_t>();
-  bool any_unstarted = false;
-  for (int64_t b = 0; b < batch; ++b) {
-    row[b] = std::max<int64_t>(length[b] - 1, 0) * batch + b;
-    any_unstarted |= length[b] == 0;
-  }
-  if (unstarted != nullptr) *unstarted = any_unstarted;
+  for (int64_t b = 0; b < batch; ++b) row[b] = std::max<int64_t>(length[b] - 1, 0) * batch + b;
   return rows;
 }
 
@@ -262,12 +263,17 @@ at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
   if (!lengths.has_value()) return y.select(0, T - 1).clone(at::MemoryFormat::Contiguous);
   // final_state_rows as a loop over the host lengths: a few ATen calls less
   // of host time per layer, which the GPU may wait for.
-  bool unstarted = false;
-  const at::Tensor rows = final_state_rows_host(*lengths, y.size(1), y.device(), &unstarted);
-  at::Tensor h_n = as_rows(y).index_select(0, to_device_async(rows, y.device(), /*pinned=*/true));
-  if (unstarted) {
+  const int64_t B = y.size(1);
+  at::Tensor h_n = as_rows(y).index_select(0, to_device_async(final_state_rows_host(*lengths, B, y.device()), y.device()));
+  if (has_unstarted(*lengths)) {
     const at::Tensor l = lengths->contiguous();
-    const at::Tensor unstarted_rows = to_device_async((l == 0).nonzero().squeeze(1), y.device());
+    const int64_t* length = l.const_data_ptr<int64_t>();
+    const int64_t count = std::count(length, length + B, int64_t{0});
+    at::Tensor rows = host_buffer(count, at::kLong, y.device());
+    int64_t* row = rows.mutable_data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      if (length[b] == 0) *row++ = b;
+    const at::Tensor unstarted_rows = to_device_async(rows, y.device());
     h_n.index_copy_(0, unstarted_rows, h0.index_select(0, unstarted_rows));
   }
   return h_n;
@@ -506,7 +512,7 @@ at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, c
       int64_t* row = rows.mutable_data_ptr<int64_t>();
       for (int64_t b = 0; b < B; ++b)
         if (length[b] < T) *row++ = length[b] * B + b;
-      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device(), /*pinned=*/true), 0);
+      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device()), 0);
     }
   }
   return as_rows(delta).t().mm(as_rows(prev));
@@ -975,8 +981,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return finish_gated_backward(problem, call, lengths);
 }
 
-// prnn::packed_rows: a PackedSequence's lengths [batch] (batch -1:
-// batch_sizes[0]) and the index of each of its `rows` packed rows in the flattened padded [steps * batch] rows,
+// prnn::packed_rows: a PackedSequence's lengths [batch] and the index of
+// each of its `rows` packed rows in the flattened padded [steps * batch] rows,
 // int64 on the CPU (the index in pinned memory with pin_memory, for a queued
 // copy to a GPU). Packed rows are time-major, each step's sequences in batch
 // order. batch_sizes as pack_padded_sequence makes them, checked first: a
@@ -990,8 +996,7 @@ std::tuple<at::Tensor, at::Tensor> packed_rows(const at::Tensor& batch_sizes, c1
                    "PackedSequence: batch_sizes must be a 1-D tensor of integers, got other values");
   TORCH_CHECK(batch_sizes.device().is_cpu(), "PackedSequence: batch_sizes must be on the CPU, got one on ",
               batch_sizes.device());
-  int64_t batch = batch_.expect_int();
-  const int64_t rows = rows_.expect_int();
+  const int64_t batch = batch_.expect_int(), rows = rows_.expect_int();
   const at::Tensor sizes = batch_sizes.to(at::kLong).contiguous();
   const int64_t steps = sizes.numel();
   const int64_t* size = sizes.const_data_ptr<int64_t>();
@@ -1000,10 +1005,6 @@ std::tuple<at::Tensor, at::Tensor> packed_rows(const at::Tensor& batch_sizes, c1
     for (int64_t t = 0; t < steps; ++t) list += (t > 0 ? ", " : "") + std::to_string(size[t]);
     return list + "]";
   };
-  if (batch < 0) {  // batch_sizes[0], with Python's error for an empty tensor
-    TORCH_CHECK_INDEX(steps > 0, "index 0 is out of bounds for dimension 0 with size 0");
-    batch = size[0];
-  }
   TORCH_CHECK(steps == 0 || size[0] == batch, "PackedSequence: batch_sizes ", listed(), " is a batch of ", size[0],
               " sequences, but sorted_indices or hx have a batch of ", batch);
   bool well_formed = true;

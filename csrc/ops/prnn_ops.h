@@ -87,11 +87,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finish_backward(
 // kernels queued on the stream), plain memory for the CPU.
 at::Tensor host_buffer(int64_t n, at::ScalarType dtype, c10::Device device);
 
-// A host_buffer for `device` on `device` (itself on the CPU), copied without
-// waiting for the kernels queued on the stream; the caching host allocator
-// keeps the pinned buffer until the copy has run. Any other host tensor is
-// staged through pinned memory first.
-at::Tensor to_device_async(const at::Tensor& host, c10::Device device, bool pinned = false);
+// A host_buffer made for `device`, on `device` (itself for the CPU), copied
+// without waiting for the kernels queued on the stream; the caching host
+// allocator keeps the pinned buffer until the copy has run.
+at::Tensor to_device_async(const at::Tensor& host, c10::Device device);
 
 // h_n [batch, hidden], a tensor of its own (never a view of y): each
 // sequence's state after its last step, y[lengths[b] - 1, b] (y[steps - 1, b]
@@ -106,10 +105,13 @@ at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
 at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch);
 
 // The same rows from a loop over the host lengths (no ATen op) into a
-// host_buffer for `device`; *unstarted (where given): whether a length is 0.
-// Eager calls only: lengths must be a real CPU tensor (see readable).
-at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device,
-                                 bool* unstarted = nullptr);
+// host_buffer for `device`. Eager calls only, as has_unstarted: lengths must
+// be a real CPU tensor (see readable).
+at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device);
+
+// Whether some sequence has no step (pack_padded_sequence makes none; a
+// hand-built PackedSequence may): host int64 lengths.
+bool has_unstarted(const at::Tensor& lengths);
 
 // Whether a tensor's values can be read on the host: not a fake or
 // functional tensor that torch.compile traces.

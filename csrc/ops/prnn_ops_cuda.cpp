@@ -27,7 +27,7 @@ at::Tensor on_device(const char* op, const at::Tensor& host_lengths32, const at:
   TORCH_CHECK(capture == cudaStreamCaptureStatusNone, op,
               ": lengths (packed input) cannot be captured in a CUDA graph: they are host data, which a "
               "replay would not read again; capture padded input");
-  return to_device_async(host_lengths32, x.device(), /*pinned=*/true);
+  return to_device_async(host_lengths32, x.device());
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::Tensor& h0,
