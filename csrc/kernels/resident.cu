@@ -45,7 +45,6 @@ namespace {
 const int kThreads = 256;
 const int kVec = 4;             /* elements a lane reads at once in the products */
 const int kKAlign = 32 * kVec;  /* a row's input and recurrent parts are padded to this */
-const int kSeqGroup = 4;        /* sequences a warp multiplies per pass over a row */
 const int kMaxBatchTile = 8;    /* sequences staged at once */
 const int kLoadsInFlight = 8;   /* loads a thread issues before it stores what they return */
 /* Weight bytes a CTA aims to hold: fewer CTAs make a cheaper barrier, fewer
@@ -283,23 +282,24 @@ __device__ __forceinline__ void row_vec(const E *w, float (&v)[kVec]) {
 
 /* out[r * ld + j] = w_r . staged_j over K (a multiple of kKAlign) for the
  * CTA's rows r < rows that belong to one of its units (r % U < units) and the
- * nb staged sequences (each K floats): a warp per row, lanes across K. */
-template <typename E>
-__device__ void row_products(const E *w, int w_stride, int K, int rows, int U, int units, const float *staged,
-                             int nb, float *out, int ld) {
+ * nb staged sequences (each K floats): a warp per row, lanes across K, kSeqs
+ * sequences a pass over the row. */
+template <int kSeqs, typename E>
+__device__ void row_products_of(const E *w, int w_stride, int K, int rows, int U, int units, const float *staged,
+                                int nb, float *out, int ld) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   for (int r = warp; r < rows; r += nwarps) {
     if (r % U >= units) continue;
     const E *wr = w + (size_t)r * w_stride;
-    for (int j0 = 0; j0 < nb; j0 += kSeqGroup) {
-      float acc[kSeqGroup];
+    for (int j0 = 0; j0 < nb; j0 += kSeqs) {
+      float acc[kSeqs];
 #pragma unroll
-      for (int j = 0; j < kSeqGroup; ++j) acc[j] = 0.f;
+      for (int j = 0; j < kSeqs; ++j) acc[j] = 0.f;
       for (int k = lane * kVec; k < K; k += 32 * kVec) {
         float wv[kVec];
         row_vec(wr + k, wv);
 #pragma unroll
-        for (int j = 0; j < kSeqGroup; ++j) {
+        for (int j = 0; j < kSeqs; ++j) {
           if (j0 + j < nb) {
             const float4 s = *reinterpret_cast<const float4 *>(staged + (size_t)(j0 + j) * K + k);
             acc[j] = fmaf(wv[3], s.w, fmaf(wv[2], s.z, fmaf(wv[1], s.y, fmaf(wv[0], s.x, acc[j]))));
@@ -307,13 +307,24 @@ __device__ void row_products(const E *w, int w_stride, int K, int rows, int U, i
         }
       }
 #pragma unroll
-      for (int j = 0; j < kSeqGroup; ++j) {
+      for (int j = 0; j < kSeqs; ++j) {
 #pragma unroll
         for (int off = 16; off >= 1; off >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
         if (lane == 0 && j0 + j < nb) out[(size_t)r * ld + j0 + j] = acc[j];
       }
     }
   }
+}
+
+/* row_products_of with one or two sequences a pass where nb is one or two
+ * (a step of one sequence issues no multiply-adds or reductions for absent
+ * ones), else four: eight a pass were slower at B = 8. */
+template <typename E>
+__device__ void row_products(const E *w, int w_stride, int K, int rows, int U, int units, const float *staged,
+                             int nb, float *out, int ld) {
+  if (nb == 1) row_products_of<1>(w, w_stride, K, rows, U, units, staged, nb, out, ld);
+  else if (nb == 2) row_products_of<2>(w, w_stride, K, rows, U, units, staged, nb, out, ld);
+  else row_products_of<4>(w, w_stride, K, rows, U, units, staged, nb, out, ld);
 }
 
 /* kVec consecutive elements from L2 as floats (4-element aligned). */
