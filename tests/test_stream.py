@@ -527,6 +527,47 @@ def test_bad_step_arguments(fake_kernels):
         assert stream.step(torch.zeros(2, 5)).shape == (2, 6)  # still usable after refused arguments
 
 
+def test_out_refused_before_the_step_runs(fake_kernels):
+    """An out= that cannot be written is refused before the step is posted:
+    the state does not move on and no y_t is lost."""
+    kernels, _ = fake_kernels
+    module = make_module("rnn", 5, 6)
+    x = torch.randn(3, 2, 5)
+    with torch_prnn.Stream(module, batch=2) as stream:
+        stream.step(x[0])
+        steps = kernels[-1].commands.count(STEP)
+        leaf = torch.zeros(6, 2, requires_grad=True)
+        with torch.inference_mode():
+            inference = torch.zeros(2, 6)
+        for out, error, message in (
+            (torch.zeros(1, 6).expand(2, 6), ValueError, "out must not have elements that share memory"),
+            (leaf.t(), ValueError, "out must not require grad"),
+            (torch.zeros(2, 6, requires_grad=True), ValueError, "out must not require grad"),
+            (inference, RuntimeError, "[Ii]nference"),
+            (torch.zeros(2, 6).to_sparse(), ValueError, "out must be a dense"),
+        ):
+            with pytest.raises(error, match=message):
+                stream.step(x[1], out=out)
+        with pytest.raises(ValueError, match="x must be a dense"):
+            stream.step(x[1].to_sparse())
+        assert kernels[-1].commands.count(STEP) == steps  # nothing was posted
+        with torch.inference_mode():
+            assert stream.step(x[1], out=inference) is inference  # inside inference mode it may be written
+        y = stream.step(x[2])
+    y_ref, _ = reference(module, x)
+    assert rel_err(inference, y_ref[1]) < 1e-6 and rel_err(y, y_ref[2]) < 1e-6
+
+
+def test_out_version_moves_on(fake_kernels):
+    """step(out=) is an in-place write: out's version counter moves on, so
+    that autograd sees a saved tensor overwritten."""
+    with torch_prnn.Stream(make_module("rnn", 5, 6), batch=1) as stream:
+        for out in (torch.zeros(1, 6), torch.zeros(6, 1).t()):  # the fast path and the checked one
+            before = out._version
+            stream.step(torch.zeros(1, 5), out=out)
+            assert out._version > before
+
+
 def test_state_and_reset(fake_kernels):
     for cell in ("rnn", "lstm"):
         module = make_module(cell, 5, 6, 2)
@@ -563,7 +604,8 @@ def test_bad_state_arguments(fake_kernels):
     with torch_prnn.Stream(make_module("rnn", 5, 6), batch=2) as stream:
         with pytest.raises(ValueError, match=r"h must have shape \[num_layers=1, batch=2, hidden_size=6\]"):
             stream.set_state(torch.zeros(2, 6))
-        with pytest.raises(TypeError, match="made of tensors"):
+        with pytest.raises(TypeError, match=r"the state of a rnn_tanh stream is a tensor h \[num_layers, batch, "
+                                            r"hidden_size\], got list"):
             stream.set_state([[0.0]])
         with pytest.raises(ValueError, match="h must be a floating-point tensor"):
             stream.set_state(torch.zeros(1, 2, 6, dtype=torch.int64))
@@ -574,8 +616,12 @@ def test_bad_state_arguments(fake_kernels):
         with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \[batch=2\], got Bool \[3\]"):
             stream.reset([True, False, True])
     with torch_prnn.Stream(make_module("lstm", 5, 6), batch=2) as stream:
-        with pytest.raises(TypeError, match=r"an LSTM's state is a pair \(h, c\)"):
+        with pytest.raises(TypeError, match=r"an LSTM's state is a pair \(h, c\), got Tensor"):
             stream.set_state(torch.zeros(1, 2, 6))
+        with pytest.raises(TypeError, match=r"an LSTM's state is a pair \(h, c\), got a list of 3"):
+            stream.set_state([torch.zeros(1, 2, 6)] * 3)
+        with pytest.raises(TypeError, match="c must be a tensor, got float"):
+            stream.set_state((torch.zeros(1, 2, 6), 0.0))
 
 
 def test_closed_stream_refuses_everything(fake_kernels):
@@ -668,6 +714,90 @@ def check_refresh(module, x):
 
 def test_refresh_reads_changed_weights_and_keeps_the_state(fake_kernels):
     check_refresh(make_module("lstm", 5, 6), torch.randn(3, 1, 5))
+
+
+def test_refresh_refuses_a_changed_module_and_a_failed_one_leaves_it_closed(fake_kernels, monkeypatch):
+    kernels, _ = fake_kernels
+    module = make_module("rnn", 5, 6)
+    stream = torch_prnn.Stream(module)
+    y0 = stream.step(torch.ones(1, 5))
+    module.double()  # a module the stream cannot take: refused before anything closes
+    with pytest.raises(NotImplementedError, match="not torch.float64"):
+        stream.refresh()
+    module.float()
+    other = make_module("rnn", 5, 7)
+    stream._module = other
+    with pytest.raises(ValueError, match=r"Stream.refresh: the module changed from .*6.* to .*7"):
+        stream.refresh()
+    stream._module = module
+    assert not stream.closed and stream.step(torch.ones(1, 5)).shape == (1, 6)  # still the same stream
+
+    def failing_launch(self, *args):
+        raise RuntimeError("Stream: the resident kernel did not start: a test's failure")
+
+    monkeypatch.setattr(torch_prnn.Stream, "_launch", failing_launch)
+    with pytest.raises(RuntimeError, match="a test's failure"):
+        stream.refresh()
+    assert stream.closed and kernels[-1].stopped and "closed" in repr(stream)
+    for _ in range(3):  # the old port's handle, on the fast path: a closed stream, not freed memory
+        with pytest.raises(RuntimeError, match="the stream is closed"):
+            stream.step(torch.ones(1, 5))
+        with pytest.raises(RuntimeError, match="the stream is closed"):
+            stream.step(torch.ones(1, 5), out=torch.empty(1, 6))
+    with pytest.raises(RuntimeError, match="Stream.refresh: the stream is closed"):
+        stream.refresh()
+    with pytest.raises(RuntimeError, match="the stream is closed"):
+        with stream:
+            pass
+    assert y0.shape == (1, 6)
+
+
+def test_refresh_beside_steps_in_other_threads(fake_kernels):
+    """Steps in other threads while the stream refreshes either step or find
+    the stream closed for a moment; none crashes."""
+    module = make_module("rnn", 5, 6)
+    with torch_prnn.Stream(module, batch=1) as stream:
+        done = threading.Event()
+        outcomes = []
+
+        def stepping():
+            x, out = torch.zeros(1, 5), torch.empty(1, 6)
+            while not done.is_set():
+                try:
+                    stream.step(x, out=out)
+                    outcomes.append("stepped")
+                except RuntimeError as error:
+                    assert "the stream is closed" in str(error), error
+                    outcomes.append("closed")
+
+        threads = [threading.Thread(target=stepping, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for _ in range(10):
+            stream.refresh()
+        done.set()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads) and "stepped" in outcomes
+
+
+def test_a_broken_stream_is_not_closed_until_closed(fake_kernels):
+    kernels, stall_next = fake_kernels
+    stall_next[0] = True
+    stream = torch_prnn.Stream(make_module("rnn", 5, 6), timeout=0.05)
+    with pytest.raises(TimeoutError):
+        stream.step(torch.zeros(1, 5))
+    assert not stream.closed and "broken" in repr(stream)  # its kernel may still hold its SMs
+    stream.close()
+    assert stream.closed and stream.sms == 0 and kernels[-1].stopped
+
+
+def test_a_stream_cannot_be_copied(fake_kernels):
+    with torch_prnn.Stream(make_module("rnn", 5, 6)) as stream:
+        for copier in (copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="a stream cannot be copied"):
+                copier(stream)
+        assert stream.step(torch.zeros(1, 5)).shape == (1, 6)
 
 
 def test_threads_share_a_stream(fake_kernels):

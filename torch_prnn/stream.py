@@ -13,6 +13,7 @@ from .rnn import PersistentRNN
 _step_raw = _C._stream_step
 _empty_like = torch.empty_like
 _TIMEOUT_MARK = "no answer within"  # how the message of a wait that timed out goes on
+_START_TIMEOUT_MARK = "(start_timeout)"  # in the message of a kernel that did not start in time
 _MAX_LAYERS = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GATES = {1: "rnn", 4: "lstm", 3: "gru"}
@@ -55,7 +56,8 @@ class Stream:
         timeout: seconds a command may wait for the kernel's answer before
             :class:`TimeoutError` (the stream is then unusable: close it).
         start_timeout: seconds opening may wait for the kernel to start (its
-            launch waits until the SMs it needs are free of other work).
+            launch waits until the SMs it needs are free of other work)
+            before :class:`TimeoutError`.
         max_sms: the most SMs the stream may hold (default: as many as suit
             its size, at most the free ones).
 
@@ -87,7 +89,9 @@ class Stream:
     def __init__(self, module: nn.Module, batch: int = 1, *, device=None, timeout: float = 1.0,
                  start_timeout: float = 10.0, max_sms: int | None = None) -> None:
         self._port = None  # so that __del__ works on a stream that failed to open
-        cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights = _describe(module)
+        # Ports that refresh() replaced, closed but kept: a step in another thread may still hold one's handle.
+        self._retired = []
+        description = _describe(module)
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
             raise ValueError(f"Stream: batch must be an integer >= 1, got {batch!r}")
         for name, value in (("timeout", timeout), ("start_timeout", start_timeout)):
@@ -96,25 +100,38 @@ class Stream:
         if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, numbers.Integral)
                                     or max_sms < 1):
             raise ValueError(f"Stream: max_sms must be None or an integer >= 1, got {max_sms!r}")
+        cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights = description
         device = self._device_for(weights[0].device, device)
-        self._module, self._batch, self._device, self._dtype = module, int(batch), device, dtype
+        self._module, self._batch, self._device, self._dtype, self._bias = module, int(batch), device, dtype, bias
         self._cell = f"rnn_{nonlinearity}" if cell == "rnn" else cell
         self._layers, self._input_size, self._hidden_size = layers, input_size, hidden_size
         self._options = dict(timeout=float(timeout), start_timeout=float(start_timeout), max_sms=max_sms)
-        self._port = torch.classes.prnn.ResidentStream(cell, nonlinearity, layers, self._batch, input_size,
-                                                       hidden_size, dtype, device.type == "cuda", float(timeout))
-        try:
-            self._plan = self._launch([w.detach().to(device) for w in weights], bias, device, max_sms or 0,
-                                      float(start_timeout))
-        except BaseException:
-            self._port.close()
-            raise
-        self._handle = self._port.handle()
+        self._open(description)
         # Output prototypes by the input's number of dimensions: the hot path of step.
         self._y_protos = {2: torch.empty(self._batch, hidden_size, dtype=dtype)}
         if self._batch == 1:
             self._y_protos[1] = torch.empty(hidden_size, dtype=dtype)
         _open_streams.add(self)
+
+    def _open(self, description) -> None:
+        """Makes a new port the stream's and launches its kernel with the
+        module's weights (`description`: _describe's)."""
+        cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights = description
+        if self._port is not None:
+            self._retired.append(self._port)
+        self._port = torch.classes.prnn.ResidentStream(cell, nonlinearity, layers, self._batch, input_size,
+                                                       hidden_size, dtype, self._device.type == "cuda",
+                                                       self._options["timeout"])
+        try:
+            self._plan = self._launch([w.detach().to(self._device) for w in weights], bias, self._device,
+                                      self._options["max_sms"] or 0, self._options["start_timeout"])
+        except RuntimeError as error:
+            self._port.close()
+            raise _translated(error) from None
+        except BaseException:
+            self._port.close()
+            raise
+        self._handle = self._port.handle()
 
     @staticmethod
     def _device_for(weight_device: torch.device, device) -> torch.device:
@@ -187,13 +204,18 @@ class Stream:
         module's dtype (an LSTM's c is kept in float32)."""
         if self._cell == "lstm":
             if not isinstance(state, (tuple, list)) or len(state) != 2:
-                raise TypeError(f"Stream.set_state: an LSTM's state is a pair (h, c), got {type(state).__name__}")
+                got = (f"a {type(state).__name__} of {len(state)}" if isinstance(state, (tuple, list))
+                       else type(state).__name__)
+                raise TypeError(f"Stream.set_state: an LSTM's state is a pair (h, c), got {got}")
             tensors = list(state)
+            for name, t in zip("hc", tensors):
+                if not isinstance(t, Tensor):
+                    raise TypeError(f"Stream.set_state: {name} must be a tensor, got {type(t).__name__}")
         else:
+            if not isinstance(state, Tensor):
+                raise TypeError(f"Stream.set_state: the state of a {self._cell} stream is a tensor h "
+                                f"[num_layers, batch, hidden_size], got {type(state).__name__}")
             tensors = [state]
-        for t in tensors:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"Stream.set_state: the state must be made of tensors, got {type(t).__name__}")
         self._call(self._port.set_state, tensors)
 
     def reset(self, mask=None) -> None:
@@ -209,10 +231,21 @@ class Stream:
 
     def refresh(self) -> None:
         """Re-reads the module's weights: closes the stream and opens it again
-        (same batch, device and options), keeping the state."""
+        (same batch, device and options), keeping the state. The module must
+        still have the stream's cell, sizes, bias and dtype. If opening again
+        fails, the stream stays closed."""
+        if self.closed:
+            raise RuntimeError("Stream.refresh: the stream is closed")
+        description = _describe(self._module)
+        cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, _ = description
+        now = (f"rnn_{nonlinearity}" if cell == "rnn" else cell, layers, input_size, hidden_size, bias, dtype)
+        then = (self._cell, self._layers, self._input_size, self._hidden_size, self._bias, self._dtype)
+        if now != then:
+            raise ValueError(f"Stream.refresh: the module changed from (cell, num_layers, input_size, hidden_size, "
+                             f"bias, dtype) = {then} to {now}; open a new stream for it")
         state = self.state
         self.close()
-        self.__init__(self._module, self._batch, device=self._device, **self._options)
+        self._open(description)
         self.set_state(state)
 
     def close(self) -> None:
@@ -225,13 +258,23 @@ class Stream:
 
     @property
     def closed(self) -> bool:
-        return self._port is None or not self._port.is_open()
+        """Whether the stream was closed. A stream broken by a timeout is not
+        closed until :meth:`close`: its kernel may still hold its SMs."""
+        return self._port is None or self._port.is_closed()
 
     def __enter__(self) -> "Stream":
+        if self.closed:
+            raise RuntimeError("Stream: the stream is closed")
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __copy__(self):
+        raise TypeError("Stream: a stream cannot be copied (its kernel and state are its own); open another")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
 
     def __del__(self) -> None:
         try:
@@ -282,17 +325,19 @@ class Stream:
         return self._port.ctas() if not self.closed else 0
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"sms={self.sms}"
+        state = "closed" if self.closed else f"sms={self.sms}" if self._port.is_open() else "broken"
         return (f"Stream({self._cell}, input_size={self._input_size}, hidden_size={self._hidden_size}, "
                 f"num_layers={self._layers}, batch={self._batch}, dtype={self._dtype}, device={self._device}, "
                 f"{state})")
 
 
 def _translated(error: RuntimeError) -> Exception:
-    """A wait that timed out ("Stream.<what>: no answer within ...") as
-    TimeoutError; other errors as they are."""
+    """A wait that timed out ("Stream.<what>: no answer within ...", or a
+    kernel that did not start within start_timeout) as TimeoutError; other
+    errors as they are."""
     message = str(error)
-    return TimeoutError(message) if message.split(": ", 1)[-1].startswith(_TIMEOUT_MARK) else error
+    timed_out = message.split(": ", 1)[-1].startswith(_TIMEOUT_MARK) or _START_TIMEOUT_MARK in message
+    return TimeoutError(message) if timed_out else error
 
 
 def _describe(module):
@@ -330,11 +375,12 @@ def _describe(module):
     nonlinearity = getattr(module, "nonlinearity", "tanh") if cell == "rnn" else "tanh"
     bias = bool(getattr(module, "bias", True))
     kinds = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if bias else ())
-    weights = [getattr(module, f"{kind}_l{layer}") for layer in range(layers) for kind in kinds]
-    for w in weights:
+    names = [f"{kind}_l{layer}" for layer in range(layers) for kind in kinds]
+    weights = [getattr(module, weight_name) for weight_name in names]
+    for weight_name, w in zip(names, weights):
         if w.dtype != dtype or w.device != w_hh.device:
             raise ValueError(f"Stream: every weight of {name} must have weight_hh_l0's dtype and device "
-                             f"({dtype}, {w_hh.device}); got {w.dtype} on {w.device}")
+                             f"({dtype}, {w_hh.device}); {weight_name} is {w.dtype} on {w.device}")
     return cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights
 
 

@@ -9,6 +9,7 @@
 // (and breaks the stream) instead of hanging the caller.
 #include <Python.h>  // first, as Python asks; the limited API (setup.py)
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/accumulate.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -273,10 +274,11 @@ class ResidentStream : public torch::CustomClassHolder {
       const std::array<int64_t, 2> x_shape{B, shape_.input}, out_shape{B, shape_.hidden};
       const size_t skip = batched ? 0 : 1;  // unbatched: [input] and [hidden]
       if ((!batched && B != 1) || !plain_cpu(*x, at::IntArrayRef(x_shape).slice(skip)) ||
-          !plain_cpu(*out, at::IntArrayRef(out_shape).slice(skip)))
+          !plain_cpu(*out, at::IntArrayRef(out_shape).slice(skip)) || out->requires_grad())
         return kNotPlain;
       std::lock_guard<std::mutex> lock(mutex_);
       check_usable("Stream.step");
+      out->bump_version();  // as an in-place write does; refuses an inference tensor outside inference mode
       await(prnn_resident_post_step(buffers_.mailbox, buffers_.x_words, x->data(), x_bytes_), "Stream.step");
       std::memcpy(out->mutable_data(), buffers_.y, y_bytes_);
       return kStepped;
@@ -355,6 +357,12 @@ class ResidentStream : public torch::CustomClassHolder {
   bool is_open() {
     std::lock_guard<std::mutex> lock(mutex_);
     return state_ == State::kOpen;
+  }
+
+  // Closed, as opposed to open or broken (a broken stream's kernel may still run).
+  bool is_closed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return state_ == State::kClosed;
   }
 
   int64_t ctas() {
@@ -458,7 +466,11 @@ class ResidentStream : public torch::CustomClassHolder {
                       ", got ", x.sizes());
     TORCH_CHECK_VALUE(x.scalar_type() == shape_.scalar_type, what, ": x must have the stream's dtype ",
                       shape_.scalar_type, ", got ", x.scalar_type());
+    TORCH_CHECK_VALUE(x.layout() == at::kStrided, what, ": x must be a dense (strided) tensor, got layout ",
+                      x.layout());
     check_device(what, "x", x);
+    // Everything that could refuse out is checked before the step runs: a step refused after it ran would lose
+    // y_t with the state moved on.
     if (out != nullptr) {
       TORCH_CHECK_VALUE(out->defined(), what, ": out must be a tensor, got None");
       const bool shaped = unbatched ? out->dim() == 1 && out->size(0) == H
@@ -472,6 +484,14 @@ class ResidentStream : public torch::CustomClassHolder {
       TORCH_CHECK_VALUE(!out->device().is_cuda() || out->is_non_overlapping_and_dense(), what,
                         ": out on the GPU must be dense (its elements one block of memory, in any order), got strides ",
                         out->strides());
+      TORCH_CHECK_VALUE(out->layout() == at::kStrided, what, ": out must be a dense (strided) tensor, got layout ",
+                        out->layout());
+      TORCH_CHECK_VALUE(at::has_internal_overlap(*out) != at::MemOverlap::Yes, what,
+                        ": out must not have elements that share memory (an expanded tensor), got strides ",
+                        out->strides());
+      TORCH_CHECK_VALUE(!out->requires_grad(), what,
+                        ": out must not require grad (the stream runs no autograd: write into a tensor that does not)");
+      out->unsafeGetTensorImpl()->bump_version();  // refuses an inference tensor outside inference mode
     }
 
     // x_t's values in order on the host: from the GPU by a copy on the current stream, waited for, and never
@@ -626,6 +646,7 @@ TORCH_LIBRARY_FRAGMENT(prnn, m) {
       .def("reset", &torch_prnn::ResidentStream::reset)
       .def("close", &torch_prnn::ResidentStream::close)
       .def("is_open", &torch_prnn::ResidentStream::is_open)
+      .def("is_closed", &torch_prnn::ResidentStream::is_closed)
       .def("ctas", &torch_prnn::ResidentStream::ctas)
       .def("handle", &torch_prnn::ResidentStream::handle)
       .def("buffers", &torch_prnn::ResidentStream::buffers)
