@@ -247,6 +247,41 @@ def test_module_packed_bad_batch_sizes_raise_like_nn(ours_cls, nn_cls, rows, bat
         ours(packed)
 
 
+@pytest.mark.torch_fallback
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: torch_prnn.PersistentLSTM(3, 256), id="LSTM-H256"),  # on the CPU: nn.LSTM's oneDNN LSTM
+        pytest.param(lambda: torch_prnn.PersistentLSTM(3, 255), id="LSTM-H255"),  # ours
+        pytest.param(lambda: torch_prnn.PersistentRNN(3, 4), id="RNN"),
+        pytest.param(lambda: torch_prnn.PersistentGRU(3, 4), id="GRU"),
+    ],
+)
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "cpu-autocast"])  # autocast: handed over to torch
+@pytest.mark.parametrize("rows, batch_sizes", [(3, [2, 0, 1]), (4, [2, 1])], ids=["growing", "rows-left-over"])
+def test_malformed_batch_sizes_raise_whichever_code_runs(make, autocast, rows, batch_sizes):
+    """A hand-built PackedSequence that nn's recurrence runs unchecked (2
+    rows out for 3 in, or a row dropped): the batch_sizes error both where
+    ours runs and where the call is handed over to torch's recurrence."""
+    torch.manual_seed(0)
+    packed = PackedSequence(torch.randn(rows, 3), torch.tensor(batch_sizes))
+    with torch.autocast("cpu", enabled=autocast):
+        with pytest.raises(RuntimeError, match=r"batch_sizes must be non-negative, non-increasing and sum to the "
+                                               r"number of data rows"):
+            make()(packed)
+
+
+@pytest.mark.parametrize("ours_cls, nn_cls", _MODULES)
+def test_packed_sorted_indices_of_another_batch_raise(ours_cls, nn_cls):
+    """sorted_indices of fewer entries than batch_sizes[0]: nn gives h_n
+    of sorted_indices' batch (a wrong state) without an error."""
+    packed = tuple.__new__(PackedSequence, (torch.randn(3, 3), torch.tensor([2, 1]), torch.tensor([0]),
+                                            torch.tensor([0])))
+    assert nn_cls(3, 4)(packed)[1] is not None  # nn runs it
+    with pytest.raises(RuntimeError, match="batch_sizes\\[0\\] is a batch of 2 sequences, but sorted_indices has 1"):
+        ours_cls(3, 4)(packed)
+
+
 @pytest.mark.parametrize("ours_cls, nn_cls", _MODULES)
 @pytest.mark.parametrize("rows", [0, 3])
 def test_module_packed_empty_batch_sizes_raise_like_nn(ours_cls, nn_cls, rows):

@@ -339,6 +339,8 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index,
         ):
             # packed: on the packed data, as nn runs it
+            if packed:
+                check_packed_for_torch(batch_sizes, batch, data.shape[0])
             output, states = self._torch_layers(data if packed else x, batch_sizes if packed else None, states, weights)
         else:
             _refuse_func_autodiff(type(self).__name__)  # torch's recurrence (above) runs under them, as nn's
@@ -612,6 +614,19 @@ def check_batch_sizes(batch_sizes: Tensor, rows: int) -> None:
         )
 
 
+def check_packed_for_torch(batch_sizes: Tensor, batch: int, rows: int) -> None:
+    """batch_sizes checked as our path checks them (prnn::packed_rows)
+    before a packed call goes to torch's recurrence, which reads them
+    unchecked (a malformed one gives a wrong answer there, or reads out of
+    range), so that the error does not depend on which code runs the call.
+    Not in a compiled graph, where batch_sizes are data and the check is
+    nn's."""
+    if torch.jit.is_scripting():
+        check_batch_sizes(batch_sizes, rows)
+    elif not torch.compiler.is_compiling():
+        torch.ops.prnn.check_packed(batch_sizes, batch, rows)
+
+
 def packed_batch(batch_sizes: Tensor, rows: int, sorted_indices: Tensor | None, hx: Tensor | None) -> int:
     """The number of sequences of a PackedSequence of `rows` packed rows:
     batch_sizes[0] (IndexError for an empty one, as nn's modules raise; a
@@ -629,6 +644,11 @@ def packed_batch(batch_sizes: Tensor, rows: int, sorted_indices: Tensor | None, 
     batch = int(batch_sizes[0])
     if batch < 0:
         check_batch_sizes(batch_sizes, rows)
+    if sorted_indices is not None and sorted_indices.shape[0] != batch:  # nn would give a state of the wrong batch
+        raise RuntimeError(
+            f"PackedSequence: batch_sizes[0] is a batch of {batch} sequences, but sorted_indices has "
+            f"{sorted_indices.shape[0]} entries"
+        )
     return batch
 
 

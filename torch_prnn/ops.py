@@ -120,6 +120,11 @@ def _packed_rows_fake(batch_sizes, batch, rows, pin_memory=False):
     return batch_sizes.new_empty(batch, dtype=torch.int64), batch_sizes.new_empty(rows, dtype=torch.int64)
 
 
+@torch.library.register_fake("prnn::check_packed")
+def _check_packed_fake(batch_sizes, batch, rows):
+    return None
+
+
 @torch.library.register_fake("prnn::forward")
 def _forward_fake(xp, h0, w_hh, lengths, nonlinearity):
     steps, batch, hidden = _check_problem("prnn::forward", "xp", xp, h0, w_hh, nonlinearity)

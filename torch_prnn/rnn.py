@@ -259,6 +259,8 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             )
         if on_torch:
             # packed: on the packed data, as nn.RNN runs it
+            if packed_sizes is not None:
+                _recurrent.check_packed_for_torch(packed_sizes, batch, x.shape[0])
             output, h_n = self._torch_layers(x, packed_sizes, hx)
         else:
             if not torch.jit.is_scripting():  # torch's recurrence (above) runs under them, as nn's

@@ -981,22 +981,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return finish_gated_backward(problem, call, lengths);
 }
 
-// prnn::packed_rows: a PackedSequence's lengths [batch] and the index of
-// each of its `rows` packed rows in the flattened padded [steps * batch] rows,
-// int64 on the CPU (the index in pinned memory with pin_memory, for a queued
-// copy to a GPU). Packed rows are time-major, each step's sequences in batch
-// order. batch_sizes as pack_padded_sequence makes them, checked first: a
-// hand-built one with growing sizes would run with the wrong lengths, and a
-// negative or too large size index out of range.
-std::tuple<at::Tensor, at::Tensor> packed_rows(const at::Tensor& batch_sizes, c10::SymInt batch_,
-                                               c10::SymInt rows_, bool pin_memory) {
+// A PackedSequence's batch_sizes as pack_padded_sequence makes them, for
+// `batch` sequences of `rows` packed rows: a 1-D CPU tensor of integers,
+// batch_sizes[0] == batch, non-negative, non-increasing, summing to rows.
+// A hand-built one with growing sizes would run with the wrong lengths, and
+// a negative or too large size index out of range. Returns them as int64.
+at::Tensor checked_batch_sizes(const at::Tensor& batch_sizes, int64_t batch, int64_t rows) {
   TORCH_CHECK_TYPE(batch_sizes.dim() == 1, "PackedSequence: batch_sizes must be a 1-D tensor of integers, got ",
                    batch_sizes.dim(), "-D");
   TORCH_CHECK_TYPE(at::isIntegralType(batch_sizes.scalar_type(), /*includeBool=*/false),
                    "PackedSequence: batch_sizes must be a 1-D tensor of integers, got other values");
   TORCH_CHECK(batch_sizes.device().is_cpu(), "PackedSequence: batch_sizes must be on the CPU, got one on ",
               batch_sizes.device());
-  const int64_t batch = batch_.expect_int(), rows = rows_.expect_int();
   const at::Tensor sizes = batch_sizes.to(at::kLong).contiguous();
   const int64_t steps = sizes.numel();
   const int64_t* size = sizes.const_data_ptr<int64_t>();
@@ -1016,6 +1012,26 @@ std::tuple<at::Tensor, at::Tensor> packed_rows(const at::Tensor& batch_sizes, c1
   TORCH_CHECK(well_formed && sum == rows,
               "PackedSequence: batch_sizes must be non-negative, non-increasing and sum to the number of data "
               "rows, got batch_sizes ", listed(), " for ", rows, " rows");
+  return sizes;
+}
+
+// prnn::check_packed: checked_batch_sizes alone, for a packed call handed
+// over to torch's recurrence, which reads batch_sizes unchecked.
+void check_packed(const at::Tensor& batch_sizes, c10::SymInt batch, c10::SymInt rows) {
+  checked_batch_sizes(batch_sizes, batch.expect_int(), rows.expect_int());
+}
+
+// prnn::packed_rows: a PackedSequence's lengths [batch] and the index of
+// each of its `rows` packed rows in the flattened padded [steps * batch] rows,
+// int64 on the CPU (the index in pinned memory with pin_memory, for a queued
+// copy to a GPU). Packed rows are time-major, each step's sequences in batch
+// order. batch_sizes checked first (checked_batch_sizes).
+std::tuple<at::Tensor, at::Tensor> packed_rows(const at::Tensor& batch_sizes, c10::SymInt batch_,
+                                               c10::SymInt rows_, bool pin_memory) {
+  const int64_t batch = batch_.expect_int(), rows = rows_.expect_int();
+  const at::Tensor sizes = checked_batch_sizes(batch_sizes, batch, rows);
+  const int64_t steps = sizes.numel();
+  const int64_t* size = sizes.const_data_ptr<int64_t>();
   at::Tensor lengths = at::zeros({batch}, at::kLong);
   at::Tensor index = at::empty({rows}, at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory));
   int64_t *length = lengths.mutable_data_ptr<int64_t>(), *row = index.mutable_data_ptr<int64_t>();
@@ -1085,6 +1101,7 @@ TORCH_LIBRARY(prnn, m) {
   // A PackedSequence's lengths and where its rows sit in the padded batch
   // (packed_rows above), for eager calls and torch.compile's graphs alike.
   m.def("packed_rows(Tensor batch_sizes, SymInt batch, SymInt rows, bool pin_memory=False) -> (Tensor, Tensor)");
+  m.def("check_packed(Tensor batch_sizes, SymInt batch, SymInt rows) -> ()");
   // No tensor arguments, so one kernel for every device.
   m.def(
       "plan(int steps, int batch, int hidden, ScalarType dtype, Device device, "
@@ -1106,6 +1123,7 @@ TORCH_LIBRARY_IMPL(prnn, CPU, m) {
 // has its own kernel, which fuses the two where it can: prnn_ops_cuda.cpp).
 TORCH_LIBRARY_IMPL(prnn, CompositeExplicitAutograd, m) {
   m.impl("packed_rows", &torch_prnn::packed_rows);  // batch_sizes on any device gets its check
+  m.impl("check_packed", &torch_prnn::check_packed);
   m.impl("layer", &torch_prnn::layer_forward);
   m.impl("gated_layer", &torch_prnn::gated_layer_forward);
 }
