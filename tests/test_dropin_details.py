@@ -611,3 +611,63 @@ def test_torch_func_grad_where_torch_runs_the_call(cell):
         assert torch.equal(got[name], expected[name]), name
     with pytest.raises(RuntimeError, match="does not support torch.func's autodiff"):
         torch.func.grad(loss(ours))(dict(ours.named_parameters()))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_batched_gradients_of_the_final_state_alone(cell, packed):
+    """torch.autograd.grad(h_n, x, is_grads_batched=True) - what
+    jacobian(vectorize=True) and gradcheck(check_batched_grad=True) run -
+    with no gradient for the output: nn's gradients (the output's zeros were
+    made unbatched, and adding the batched h_n gradient into them failed)."""
+    torch.manual_seed(0)
+    ours, theirs = twins(cell)
+    x = torch.randn(6, 5, 4, dtype=F64, requires_grad=True)
+    lengths = torch.tensor([6, 5, 3, 3, 1])
+    grad_h = torch.randn(3, 1, 5, 7, dtype=F64)
+    grads = []
+    for module in (ours, theirs):
+        inputs = pack_padded_sequence(x, lengths, enforce_sorted=False) if packed else x
+        h_n = states(module(inputs)[1])[0]
+        grads.append(torch.autograd.grad(h_n, x, grad_h, is_grads_batched=True)[0])
+    assert rel_err(grads[0], grads[1]) < BOUND
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_rnn_computes_by_its_mode_as_nn(bidirectional, packed):
+    """nn.RNN's forward reads the activation from mode, not nonlinearity
+    (which only sets mode at construction): changing either attribute
+    afterwards, ours computes what nn computes; from_rnn copies mode; an
+    unknown mode raises nn's error."""
+    torch.manual_seed(0)
+    ours, theirs = twins("rnn", bidirectional=bidirectional)
+    x = torch.randn(5, 3, 4, dtype=F64)
+    inputs = pack_padded_sequence(x, torch.tensor([5, 4, 2])) if packed else x
+    for attribute, value in (("nonlinearity", "relu"), ("mode", "RNN_RELU"), ("nonlinearity", "tanh")):
+        setattr(ours, attribute, value)
+        setattr(theirs, attribute, value)
+        for a, b in zip(values(ours(inputs)), values(theirs(inputs))):
+            assert rel_err(a, b) < BOUND, (attribute, value)
+        copied = torch_prnn.PersistentRNN.from_rnn(theirs)
+        assert copied.mode == theirs.mode
+        assert rel_err(values(copied(inputs))[0], values(theirs(inputs))[0]) < BOUND
+    ours.mode = theirs.mode = "GRU"
+    with pytest.raises(AssertionError, match="mode must be RNN_TANH or RNN_RELU, got GRU"):
+        theirs(inputs)
+    with pytest.raises(AssertionError, match="mode must be RNN_TANH or RNN_RELU, got GRU"):
+        ours(inputs)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_conversion_keeps_frozen_parameters_frozen(cell):
+    """from_rnn / from_lstm / from_gru copy each parameter's requires_grad
+    (load_state_dict copies values only)."""
+    nn_cls = CELLS[cell][1]
+    theirs = nn_cls(4, 7, num_layers=2, dtype=F64)
+    theirs.weight_hh_l0.requires_grad_(False)
+    theirs.bias_ih_l1.requires_grad_(False)
+    ours = getattr(CELLS[cell][0], f"from_{cell}")(theirs)
+    flags = {name: p.requires_grad for name, p in theirs.named_parameters()}
+    assert {name: p.requires_grad for name, p in ours.named_parameters()} == flags
+    assert not flags["weight_hh_l0"] and flags["weight_ih_l0"]

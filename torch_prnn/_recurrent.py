@@ -224,6 +224,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             **{option: getattr(module, option) for option in cell_options},
         )
         converted.load_state_dict(module.state_dict())
+        copy_requires_grad(module, converted)
         return converted.train(module.training)
 
     @property
@@ -589,6 +590,15 @@ def _refuse_func_autodiff(module_name: str) -> None:
             "jacrev, hessian, jvp, jacfwd); use torch.autograd (loss.backward(), "
             "torch.autograd.grad) instead. torch.vmap is supported."
         )
+
+
+def copy_requires_grad(source: nn.Module, copy: nn.Module) -> None:
+    """Each parameter of `copy` requires grad as `source`'s of its name does
+    (load_state_dict copies values only): a frozen weight stays frozen."""
+    flags = {name: p.requires_grad for name, p in source.named_parameters()}
+    for name, p in copy.named_parameters():
+        if name in flags:
+            p.requires_grad_(flags[name])
 
 
 def check_batch_sizes_type(batch_sizes: Tensor) -> None:

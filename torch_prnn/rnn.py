@@ -143,6 +143,8 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             dtype=weight.dtype,
         )
         module.load_state_dict(rnn.state_dict())
+        module.mode = rnn.mode  # what nn.RNN's forward computes by
+        _recurrent.copy_requires_grad(rnn, module)
         return module.train(rnn.training)
 
     @property
@@ -156,6 +158,15 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         take each weight where it is. bfloat16 too, which nn's leaves as
         it is (_crossover.flatten_parameters)."""
         _crossover.flatten_parameters(self)
+
+    def _activation(self) -> str:
+        """The activation forward computes: nn.RNN's forward reads it from
+        mode (nonlinearity only sets mode at construction)."""
+        if self.mode == "RNN_TANH":
+            return "tanh"
+        if self.mode == "RNN_RELU":
+            return "relu"
+        raise AssertionError(f"mode must be RNN_TANH or RNN_RELU, got {self.mode}")
 
     @torch.jit.unused
     def _torch_layers(self, x: Tensor, batch_sizes: Tensor | None, hx: Tensor) -> tuple[Tensor, Tensor]:
@@ -250,6 +261,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
 
+        self._activation()  # nn.RNN's check of mode, before either recurrence runs
         # Where torch's own recurrence is faster (large batches), nn.RNN's call runs.
         on_torch = False
         if not torch.jit.is_scripting():
@@ -337,8 +349,8 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             if b_ih is not None and b_hh is not None:
                 bias = torch.sub(b_ih, b_hh, alpha=-1)
             xp = F.linear(x, w_ih, bias)
-            y, h_n = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self.nonlinearity)
+            y, h_n = _prnn_forward(_flip(xp, flip), h0, w_hh, lengths, self._activation())
         else:
             # All steps' input projections in one GEMM, then the recurrence: one op.
-            y, h_n = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self.nonlinearity)
+            y, h_n = _prnn_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, self._activation())
         return (_flip(y, flip) if reverse else y), h_n

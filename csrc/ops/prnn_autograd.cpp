@@ -47,10 +47,12 @@ at::Tensor on_device_of(const at::Tensor& host, const at::Tensor& like) {
 
 // grad_y with grad_h_n added at each sequence's last step, where h_n copied
 // y (steps >= 1). A fresh tensor: grad_y may be autograd's own or stride 0.
+// Without grad_y, zeros made from grad_h_n: batched gradients (vmap over the
+// backward) batch them as they do grad_h_n, so that adding it in place is allowed.
 at::Tensor with_final_state_grad(const at::Tensor& grad_y, const at::Tensor& grad_h_n,
                                  const at::Tensor& y, const std::optional<at::Tensor>& lengths) {
   at::Tensor grad = grad_y.defined() ? grad_y.clone(at::MemoryFormat::Contiguous)
-                                     : at::zeros_symint(y.sym_sizes(), y.options());
+                                     : grad_h_n.new_zeros_symint(y.sym_sizes());
   if (!lengths.has_value()) {
     grad.select_symint(0, y.sym_size(0) - 1).add_(grad_h_n);
     return grad;
