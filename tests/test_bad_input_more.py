@@ -200,6 +200,28 @@ def test_packed_rows_bad_batch_sizes_names_it(batch_sizes, batch, rows):
         P.packed_rows(batch_sizes, batch, rows)
 
 
+@pytest.mark.parametrize("op", ["packed_rows", "check_packed"])
+def test_packed_ops_fake_checks_as_the_op(op):
+    """The fake kernels (torch.compile, FakeTensorMode, the meta device)
+    refuse what the ops refuse without reading batch_sizes' values: its rank,
+    dtype and device, and a negative batch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fn = getattr(P, op)
+    cases = [(torch.tensor([2.0, 1.0]), 2, 3, TypeError, "1-D tensor of integers, got other values"),
+             (torch.tensor([[2, 1]]), 2, 3, TypeError, "1-D tensor of integers, got 2-D"),
+             (torch.tensor([2, 1]), -2, 3, ValueError, "batch and the number of data rows must be >= 0, got -2")]
+    for batch_sizes, batch, rows, error, message in cases:
+        with pytest.raises(error, match=message):
+            fn(batch_sizes, batch, rows)
+        with FakeTensorMode() as mode:
+            fake = mode.from_tensor(batch_sizes)
+            with pytest.raises(error, match=message):
+                fn(fake, batch, rows)
+    with pytest.raises(RuntimeError, match="batch_sizes must be on the CPU, got one on meta"):
+        fn(torch.tensor([2, 1], device="meta"), 2, 3)
+
+
 @pytest.mark.parametrize("cls", [torch_prnn.PersistentRNN, torch_prnn.PersistentLSTM, torch_prnn.PersistentGRU])
 def test_negative_first_batch_size_names_batch_sizes(cls):
     """A hand-built PackedSequence whose first batch size is negative: the

@@ -671,3 +671,17 @@ def test_conversion_keeps_frozen_parameters_frozen(cell):
     flags = {name: p.requires_grad for name, p in theirs.named_parameters()}
     assert {name: p.requires_grad for name, p in ours.named_parameters()} == flags
     assert not flags["weight_hh_l0"] and flags["weight_ih_l0"]
+
+
+def test_gru_infinite_state_as_nn():
+    """An infinite h0 entry whose update gate saturates at 1: nn.GRU's
+    n + z (h - n) keeps the infinity, where lerp's other form for z >= 0.5
+    gave NaN (the ATen CPU path; the C reference computes (1 - z) n + z h)."""
+    for seed in range(40):
+        torch.manual_seed(seed)
+        ours, theirs = twins("gru", input_size=3, hidden_size=3)
+        x = torch.randn(2, 1, 3, dtype=F64)
+        h0 = torch.randn(1, 1, 3, dtype=F64)
+        h0[0, 0, 0] = float("inf")
+        for a, b in zip(values(ours(x, h0)), values(theirs(x, h0))):
+            assert torch.allclose(a, b, equal_nan=True), seed

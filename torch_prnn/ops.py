@@ -114,15 +114,28 @@ def _check_problem(op, x_name, x, h0, w_hh, nonlinearity, sizes=None):
     return steps, batch, hidden
 
 
+def _check_batch_sizes_meta(batch_sizes, batch, rows):
+    """What the packed ops check of batch_sizes without reading its values."""
+    if not (isinstance(batch, torch.SymInt) or isinstance(rows, torch.SymInt)) and (batch < 0 or rows < 0):
+        raise ValueError(f"PackedSequence: the batch and the number of data rows must be >= 0, got {batch} and {rows}")
+    if batch_sizes.dim() != 1:
+        raise TypeError(f"PackedSequence: batch_sizes must be a 1-D tensor of integers, got {batch_sizes.dim()}-D")
+    if batch_sizes.is_floating_point() or batch_sizes.is_complex() or batch_sizes.dtype == torch.bool:
+        raise TypeError("PackedSequence: batch_sizes must be a 1-D tensor of integers, got other values")
+    if batch_sizes.device.type != "cpu":
+        raise RuntimeError(f"PackedSequence: batch_sizes must be on the CPU, got one on {batch_sizes.device}")
+
+
 @torch.library.register_fake("prnn::packed_rows")
 def _packed_rows_fake(batch_sizes, batch, rows, pin_memory=False):
+    _check_batch_sizes_meta(batch_sizes, batch, rows)
     # int64 whatever batch_sizes' integer dtype, as the op returns them.
     return batch_sizes.new_empty(batch, dtype=torch.int64), batch_sizes.new_empty(rows, dtype=torch.int64)
 
 
 @torch.library.register_fake("prnn::check_packed")
 def _check_packed_fake(batch_sizes, batch, rows):
-    return None
+    _check_batch_sizes_meta(batch_sizes, batch, rows)
 
 
 @torch.library.register_fake("prnn::forward")

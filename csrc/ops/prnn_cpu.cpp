@@ -168,7 +168,10 @@ void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& c
           at::addcmul_out(n, x.narrow(1, 2 * H, H), rz.narrow(1, 0, H), hn);
           n.tanh_();
           at::Tensor y_t = call.y[t];
-          at::lerp_out(y_t, n, h, rz.narrow(1, H, H));  // (1 - z) n + z h
+          // (1 - z) n + z h as nn.GRU writes it, n + z (h - n): lerp's other form
+          // for z >= 0.5 gives NaN where h is infinite and z is 1.
+          at::sub_out(y_t, h, n);
+          at::addcmul_out(y_t, n, rz.narrow(1, H, H), y_t);
           return at::Tensor();
         });
   }

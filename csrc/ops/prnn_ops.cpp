@@ -987,6 +987,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 // A hand-built one with growing sizes would run with the wrong lengths, and
 // a negative or too large size index out of range. Returns them as int64.
 at::Tensor checked_batch_sizes(const at::Tensor& batch_sizes, int64_t batch, int64_t rows) {
+  TORCH_CHECK_VALUE(batch >= 0 && rows >= 0, "PackedSequence: the batch and the number of data rows must be >= 0, got ",
+                    batch, " and ", rows);
   TORCH_CHECK_TYPE(batch_sizes.dim() == 1, "PackedSequence: batch_sizes must be a 1-D tensor of integers, got ",
                    batch_sizes.dim(), "-D");
   TORCH_CHECK_TYPE(at::isIntegralType(batch_sizes.scalar_type(), /*includeBool=*/false),
