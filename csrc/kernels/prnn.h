@@ -25,7 +25,15 @@
  *     float32 (float64 for float64).
  *   - Nothing allocates: the caller passes a workspace of at least the size
  *     the plan query reports (its contents on entry do not matter), aligned to
- *     PRNN_WORKSPACE_ALIGNMENT bytes.
+ *     PRNN_WORKSPACE_ALIGNMENT bytes (the CPU entry points check only the
+ *     element size's alignment).
+ *   - Outputs overlap neither the inputs nor each other: no argument may be
+ *     computed in place, unless its comment says so.
+ *   - Strides are the caller's to get right: any stride >= 0 is taken (0
+ *     repeats a row; one smaller than a row makes rows overlap), and every
+ *     offset index x stride must fit in int64_t. Pointers a call needs must
+ *     not be NULL: the entry points that return a status check them, the
+ *     void host helpers of the resident mode do not.
  *   - CPU entry points take host pointers; CUDA entry points take device
  *     pointers of the current device and run asynchronously on `stream`.
  */
@@ -123,13 +131,15 @@ const char *prnn_tier_string(prnn_tier_t tier);
 /* The problem: everything but the data. */
 typedef struct prnn_problem {
   prnn_cell_t cell;
-  prnn_activation_t activation; /* Elman only (the gated cells' activations are fixed) */
+  prnn_activation_t activation; /* Elman only (the gated cells' activations are fixed; there it must
+                                   still be a prnn_activation_t, and is not read) */
   prnn_dtype_t dtype;
   int64_t steps;      /* T >= 1 */
   int64_t batch;      /* B >= 1 */
   int64_t hidden;     /* H >= 1 */
   int has_lengths;    /* nonzero: per-sequence lengths are given in the args */
-  int64_t proj_size;  /* LSTM only: P >= 1 with a projection W_hr, 0 without (then P = H) */
+  int64_t proj_size;  /* LSTM only: P >= 1 with a projection W_hr, 0 without (then P = H); any
+                         P >= 1 is computed, where nn.LSTM asks for P < H */
 } prnn_problem_t;
 
 /* Tensors of the forward pass. */
@@ -408,7 +418,8 @@ typedef enum prnn_resident_command {
  * zeroed by prnn_resident_mailbox_init before the launch. */
 typedef struct prnn_resident_mailbox {
   /* written by the host */
-  uint64_t request;          /* the latest command: its sequence number (low 32 bits; 0: none yet) and
+  uint64_t request;          /* the latest command: its sequence number (low 32 bits; 0 before the
+                                first, and again once the numbers wrap) and
                                 its prnn_resident_command_t (high 32 bits), one store */
   uint32_t posted;           /* host-only: the last sequence number posted */
   uint32_t x_tag;            /* host-only: the sequence number the input words carry (the last STEP's) */
@@ -499,8 +510,9 @@ uint32_t prnn_resident_post_step(prnn_resident_mailbox_t *mailbox, uint64_t *x_w
 /* Posts a command other than a STEP (after the host has written what it
  * reads); returns its sequence number. */
 uint32_t prnn_resident_post(prnn_resident_mailbox_t *mailbox, prnn_resident_command_t command);
-/* Waits up to timeout_ns (>= 0; 0 looks once) until the answer words of CTAs
- * [0, ctas) all hold `seq`; nonzero when they do. */
+/* Waits up to timeout_ns (>= 0; 0 looks once; INT64_MAX in effect forever)
+ * until the answer words of CTAs [0, ctas) all hold `seq` (ctas >= 1: the
+ * plan's grid); nonzero when they do. */
 int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int ctas, int64_t timeout_ns);
 /* Nonzero once the kernel reported ready. */
 int prnn_resident_is_ready(const prnn_resident_mailbox_t *mailbox);

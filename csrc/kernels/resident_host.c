@@ -29,7 +29,7 @@ void prnn_resident_mailbox_init(prnn_resident_mailbox_t *mailbox) {
 }
 
 size_t prnn_resident_x_words(size_t x_bytes) {
-  const size_t words = (x_bytes + 3) / 4;
+  const size_t words = x_bytes / 4 + (x_bytes % 4 != 0); /* no x_bytes + 3: it would wrap */
   return words + (words & 1);
 }
 
@@ -92,7 +92,8 @@ int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int
    * stays answered, so each poll starts at the first one not seen yet. */
   int from = first_unanswered(mailbox, seq, 0, ctas);
   if (from == ctas) return 1;
-  const int64_t deadline = monotonic_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+  const int64_t now = monotonic_ns(), wait = timeout_ns > 0 ? timeout_ns : 0;
+  const int64_t deadline = wait > INT64_MAX - now ? INT64_MAX : now + wait; /* no signed overflow */
   /* The clock is read every few dozen polls: an answer is usually a few
    * microseconds away, and a poll costs a few nanoseconds. */
   for (;;) {

@@ -8,15 +8,19 @@
  *
  * Standalone C99 (no torch, no CUDA): built and run by `make ctest`.
  */
-#if !defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 199309L
+#if !defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L
 #undef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 200809L
 #endif
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "prnn.h"
 
@@ -55,6 +59,7 @@ static void layout_group(void) {
   CHECK(PRNN_RESIDENT_MAILBOX_ALIGNMENT == 128);
   CHECK(prnn_resident_x_words(0) == 0 && prnn_resident_x_words(1) == 2 && prnn_resident_x_words(4) == 2);
   CHECK(prnn_resident_x_words(8) == 2 && prnn_resident_x_words(9) == 4 && prnn_resident_x_words(4096) == 1024);
+  CHECK(prnn_resident_x_words(SIZE_MAX) == SIZE_MAX / 4 + 1); /* no wrap to 0 */
   printf("layout: done\n");
 }
 
@@ -145,11 +150,39 @@ static void timeout_group(void) {
   printf("timeout: waited %.1f ms for 20 ms\n", 1e3 * waited);
 }
 
+/* INT64_MAX as a timeout waits (its deadline does not overflow into the
+ * past): a child process answers after 20 ms through shared memory. */
+static void forever_group(void) {
+  prnn_resident_mailbox_t *m = (prnn_resident_mailbox_t *)mmap(
+      NULL, sizeof *m, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  CHECK(m != MAP_FAILED);
+  if (m == MAP_FAILED) return;
+  prnn_resident_mailbox_init(m);
+  const uint32_t seq = prnn_resident_post(m, PRNN_RESIDENT_GET_STATE);
+  const pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    const struct timespec pause = {0, 20000000};
+    nanosleep(&pause, NULL);
+    answer(m, seq);
+    _exit(0);
+  }
+  const double start = seconds();
+  CHECK(prnn_resident_wait(m, seq, 1, INT64_MAX));
+  const double waited = seconds() - start;
+  CHECK(waited >= 0.015);
+  int status = 0;
+  if (child > 0) waitpid(child, &status, 0);
+  munmap(m, sizeof *m);
+  printf("forever: answered after %.1f ms\n", 1e3 * waited);
+}
+
 int main(void) {
   layout_group();
   protocol_group();
   step_group();
   timeout_group();
+  forever_group();
   printf("%s\n", failures ? "test_resident_host: FAILED" : "test_resident_host: all passed");
   return failures ? 1 : 0;
 }
