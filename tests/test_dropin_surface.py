@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from conftest import Batched, assert_close, devices, twins
+from conftest import Batched, assert_close, devices, rel_err, twins
 
 # Configurations whose attributes differ: nonlinearity, bias, layers, directions.
 CONFIGS = [
@@ -532,3 +532,26 @@ def test_script_refuses_computed_weights(parametrize, cell):
     parametrize(rnn, "weight_hh_l0")
     with pytest.raises(RuntimeError, match=r"\['weight_hh_l0'\] are computed .* torch.compile and torch.export do"):
         torch.jit.script(wrapper(rnn))
+
+
+@pytest.mark.torch_fallback
+def test_compile_where_eager_hands_over(fresh_dynamo):
+    """Calls eager hands to torch's recurrence that do not trace - the CPU's
+    oneDNN LSTM with gradients, packed input (batch_sizes read as data, here
+    under CPU autocast) - run ours under torch.compile: nn's values and
+    gradients, fullgraph for the packed one."""
+    torch.manual_seed(0)
+    ours = torch_prnn.PersistentLSTM(8, 256)  # eager: nn.LSTM's oneDNN LSTM on the CPU
+    theirs = nn.LSTM(8, 256)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(5, 2, 8, requires_grad=True)
+    got, want = torch.compile(ours)(x), theirs(x)
+    assert rel_err(got[0], want[0]) < 1e-5 and rel_err(got[1][0], want[1][0]) < 1e-5
+    grads = [torch.autograd.grad(y[0].square().sum(), [x, m.weight_hh_l0]) for y, m in ((got, ours), (want, theirs))]
+    assert all(rel_err(a, b) < 1e-4 for a, b in zip(*grads))
+    packed = pack_padded_sequence(torch.randn(5, 2, 8), torch.tensor([5, 3]))
+    assert rel_err(torch.compile(ours, fullgraph=True)(packed)[0].data, theirs(packed)[0].data) < 1e-5
+    rnn = torch_prnn.PersistentRNN(8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # eager: handed over to nn.RNN's autocast
+        out = torch.compile(rnn, fullgraph=True)(packed)[0].data
+    assert out.shape == (8, 16) and out.dtype == torch.bfloat16
