@@ -536,10 +536,10 @@ def test_script_refuses_computed_weights(parametrize, cell):
 
 @pytest.mark.torch_fallback
 def test_compile_where_eager_hands_over(fresh_dynamo):
-    """Calls eager hands to torch's recurrence that do not trace - the CPU's
-    oneDNN LSTM with gradients, packed input (batch_sizes read as data, here
-    under CPU autocast) - run ours under torch.compile: nn's values and
-    gradients, fullgraph for the packed one."""
+    """CPU calls with gradients that eager hands to torch's recurrence,
+    which does not trace there - oneDNN's LSTM, packed input under CPU
+    autocast (batch_sizes read as data) - run ours under torch.compile:
+    nn's values and gradients, fullgraph for the packed ones."""
     torch.manual_seed(0)
     ours = torch_prnn.PersistentLSTM(8, 256)  # eager: nn.LSTM's oneDNN LSTM on the CPU
     theirs = nn.LSTM(8, 256)

@@ -172,13 +172,13 @@ def _cluster_family_runs(index: int) -> bool:
 
 def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
                     proj_size: int = 0, training: bool = False, device_index: int | None = None,
-                    steps: int | None = None, packed: bool = False) -> bool:
+                    steps: int | None = None) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
     device, batch and hidden size runs on torch's own recurrence: where that
     is faster, and on the CPU under autocast; training: the call's backward
     runs too. float64 always stays on ours (the reference the tests use), as
-    does every device but CUDA and the CPU, and under torch.compile a call on
-    the CPU or on packed input (packed). device_index: the CUDA device
+    does every device but CUDA and the CPU, and under torch.compile a CPU
+    call with gradients. device_index: the CUDA device
     (default: the current one). steps: given by the callers whose layers
     take the few-steps kernel (prnn::layers), where one timestep a call
     without gradients at B <= 16 stays ours where measured (the gated cells
@@ -194,10 +194,11 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         return torch._C._is_any_autocast_enabled()
     if dtype == torch.float64:
         return False
-    if (device_type == "cpu" or packed) and torch.compiler.is_compiling():
+    if device_type == "cpu" and training and torch.compiler.is_compiling():
         # Not traceable there: the CPU's oneDNN LSTM with gradients (its
         # aten.mkldnn_rnn_layer takes the parameters as saved tensors), and
-        # a packed call's batch_sizes, which torch's recurrence reads as data.
+        # nn's recurrences under CPU autocast on packed input (batch_sizes
+        # read as data).
         return False
     if device_type == "cpu":
         # Under CPU autocast nn's recurrences mix the autocast dtype and

@@ -267,7 +267,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         if not torch.jit.is_scripting():
             on_torch = _crossover.torch_runs(
                 "rnn", x.dtype, x.device.type, batch, self.hidden_size,
-                training=_crossover.needs_grad(self._forward_weights(), x, hx), packed=packed_sizes is not None,
+                training=_crossover.needs_grad(self._forward_weights(), x, hx),
             )
         if on_torch:
             # packed: on the packed data, as nn.RNN runs it
