@@ -96,8 +96,10 @@ _CPU_TORCH_MIN_HIDDEN = 256
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
-# The cell of each nn.RNNBase mode, as torch_runs names it.
+# The cell of each nn.RNNBase mode, as torch_runs names it, and its gates
+# (W_hh's rows in hidden sizes).
 CELL_OF_MODE = {"RNN_TANH": "rnn", "RNN_RELU": "rnn", "LSTM": "lstm", "GRU": "gru"}
+GATES_OF_CELL = {"rnn": 1, "lstm": 4, "gru": 3}
 
 # The recurrence nn's forward of each mode calls (looked up once: torch._VF's
 # attribute lookup is a Python __getattr__).

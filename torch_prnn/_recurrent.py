@@ -348,7 +348,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
             lengths = rows = None
             if packed:
                 x, lengths, rows = _pad(data, batch_sizes, batch)
-            flip = _time_indices(lengths if num_directions == 2 else None, steps, x.device)
+            flip = _time_indices(lengths, num_directions, steps, x.device)
             finals = []  # the final states of each layer and direction
             layer_input = x
             for layer in range(self.num_layers):
@@ -440,7 +440,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                 states = [state.index_select(1, sorted_indices) for state in states]
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
-        flip = _time_indices(lengths if num_directions == 2 else None, steps, x.device)
+        flip = _time_indices(lengths, num_directions, steps, x.device)
         finals: list[list[Tensor]] = []  # the final states of each layer and direction
         layer_input = x
         for layer in range(self.num_layers):
@@ -687,11 +687,11 @@ def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor,
     return padded.view(steps, batch, data.shape[-1]), lengths, index
 
 
-def _time_indices(lengths: Tensor | None, steps: int, device: torch.device) -> Tensor | None:
-    """For packed input: the step index [T,B,1] that reverses each sequence
-    within its length (padding stays in place), for the reverse direction.
-    None without lengths."""
-    if lengths is None:
+def _time_indices(lengths: Tensor | None, num_directions: int, steps: int, device: torch.device) -> Tensor | None:
+    """For packed input to a bidirectional module: the step index [T,B,1]
+    that reverses each sequence within its length (padding stays in place),
+    for the reverse direction. None without lengths or a reverse direction."""
+    if lengths is None or num_directions != 2:
         return None
     t = torch.arange(steps).unsqueeze(1)
     flip = torch.where(t < lengths, lengths - 1 - t, t)

@@ -20,7 +20,6 @@ from torch import Tensor
 from . import _crossover
 
 _layers = torch.ops.prnn.layers.default
-_GATES_OF_MODE = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}  # W_hh's rows, in hidden sizes
 _interpreters = torch._C._functorch.get_interpreter_stack
 _is_tracing = torch._C._is_tracing
 _has_torch_function = torch._C._has_torch_function
@@ -60,7 +59,7 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
     if _has_torch_function(weights) or _has_torch_function((h, c)):
         return None
     # A mode the weights are not of (set after construction): the regular path raises nn's error.
-    gates = _GATES_OF_MODE.get(module.mode)
+    gates = _crossover.GATES_OF_CELL.get(_crossover.CELL_OF_MODE.get(module.mode))
     if gates is None or weights[1].dim() != 2 or weights[1].shape[0] != gates * module.hidden_size:
         return None
     if input.dtype != weights[0].dtype or input.shape[-1] != module.input_size:

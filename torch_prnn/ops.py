@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from . import _crossover
+from ._recurrent import check_batch_sizes_type
 
 _TIERS = ("none", "cpu_reference", "persistent_registers", "persistent_shared", "stepwise", "persistent_cluster",
           "persistent_cluster_grid", "few_steps")
@@ -118,10 +119,7 @@ def _check_batch_sizes_meta(batch_sizes, batch, rows):
     """What the packed ops check of batch_sizes without reading its values."""
     if not (isinstance(batch, torch.SymInt) or isinstance(rows, torch.SymInt)) and (batch < 0 or rows < 0):
         raise ValueError(f"PackedSequence: the batch and the number of data rows must be >= 0, got {batch} and {rows}")
-    if batch_sizes.dim() != 1:
-        raise TypeError(f"PackedSequence: batch_sizes must be a 1-D tensor of integers, got {batch_sizes.dim()}-D")
-    if batch_sizes.is_floating_point() or batch_sizes.is_complex() or batch_sizes.dtype == torch.bool:
-        raise TypeError("PackedSequence: batch_sizes must be a 1-D tensor of integers, got other values")
+    check_batch_sizes_type(batch_sizes)
     if batch_sizes.device.type != "cpu":
         raise RuntimeError(f"PackedSequence: batch_sizes must be on the CPU, got one on {batch_sizes.device}")
 

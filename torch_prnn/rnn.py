@@ -281,7 +281,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
             rows: Tensor | None = None
             if packed_sizes is not None:
                 x, lengths, rows = _recurrent._pad(data, packed_sizes, batch)
-            flip = _time_indices(lengths if num_directions == 2 else None, steps, x.device)
+            flip = _time_indices(lengths, num_directions, steps, x.device)
             states: list[Tensor] = []
             layer_input = x
             for layer in range(self.num_layers):

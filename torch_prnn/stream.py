@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _C
+from ._crossover import GATES_OF_CELL
 from .rnn import PersistentRNN
 
 _step_raw = _C._stream_step
@@ -16,7 +17,7 @@ _TIMEOUT_MARK = "no answer within"  # how the message of a wait that timed out g
 _START_TIMEOUT_MARK = "(start_timeout)"  # in the message of a kernel that did not start in time
 _MAX_LAYERS = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_GATES = {1: "rnn", 4: "lstm", 3: "gru"}
+_CELL_OF_GATES = {gates: cell for cell, gates in GATES_OF_CELL.items()}
 
 # Open streams, closed at interpreter exit (a stream also closes when collected).
 _open_streams = weakref.WeakSet()
@@ -103,7 +104,7 @@ class Stream:
         cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, weights = description
         device = self._device_for(weights[0].device, device)
         self._module, self._batch, self._device, self._dtype, self._bias = module, int(batch), device, dtype, bias
-        self._cell = f"rnn_{nonlinearity}" if cell == "rnn" else cell
+        self._cell = _cell_name(cell, nonlinearity)
         self._layers, self._input_size, self._hidden_size = layers, input_size, hidden_size
         self._options = dict(timeout=float(timeout), start_timeout=float(start_timeout), max_sms=max_sms)
         self._open(description)
@@ -238,7 +239,7 @@ class Stream:
             raise RuntimeError("Stream.refresh: the stream is closed")
         description = _describe(self._module)
         cell, nonlinearity, layers, input_size, hidden_size, bias, dtype, _ = description
-        now = (f"rnn_{nonlinearity}" if cell == "rnn" else cell, layers, input_size, hidden_size, bias, dtype)
+        now = (_cell_name(cell, nonlinearity), layers, input_size, hidden_size, bias, dtype)
         then = (self._cell, self._layers, self._input_size, self._hidden_size, self._bias, self._dtype)
         if now != then:
             raise ValueError(f"Stream.refresh: the module changed from (cell, num_layers, input_size, hidden_size, "
@@ -331,6 +332,11 @@ class Stream:
                 f"{state})")
 
 
+def _cell_name(cell: str, nonlinearity: str) -> str:
+    """The stream's cell as its `cell` property names it."""
+    return f"rnn_{nonlinearity}" if cell == "rnn" else cell
+
+
 def _translated(error: RuntimeError) -> Exception:
     """A wait that timed out ("Stream.<what>: no answer within ...", or a
     kernel that did not start within start_timeout) as TimeoutError; other
@@ -359,7 +365,7 @@ def _describe(module):
     elif isinstance(module, (nn.RNN, PersistentRNN)):
         cell = "rnn"
     else:  # by the gates in W_hh's rows
-        cell = _GATES.get(w_hh.shape[0] // hidden_size if w_hh.shape[0] % hidden_size == 0 else 0)
+        cell = _CELL_OF_GATES.get(w_hh.shape[0] // hidden_size if w_hh.shape[0] % hidden_size == 0 else 0)
         if cell is None:
             raise TypeError(f"Stream: cannot tell the cell of {name}: weight_hh_l0 is {list(w_hh.shape)}")
     if getattr(module, "bidirectional", False):

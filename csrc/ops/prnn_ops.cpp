@@ -12,8 +12,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <array>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -237,6 +237,27 @@ at::Tensor to_device_async(const at::Tensor& host, c10::Device device) {
   return host.to(host.options().device(device), /*non_blocking=*/true);
 }
 
+namespace {
+
+// row_of(b, lengths[b]) for each sequence b whose row_of is >= 0, in order,
+// into a host_buffer for `device`: host int64 lengths, one pass to count and
+// one to fill, no ATen op.
+template <class RowOf>
+at::Tensor host_rows_where(const at::Tensor& lengths, c10::Device device, RowOf row_of) {
+  const at::Tensor l = lengths.contiguous();
+  const int64_t* length = l.const_data_ptr<int64_t>();
+  const int64_t B = l.numel();
+  int64_t count = 0;
+  for (int64_t b = 0; b < B; ++b) count += row_of(b, length[b]) >= 0;
+  at::Tensor rows = host_buffer(count, at::kLong, device);
+  int64_t* row = rows.mutable_data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    if (row_of(b, length[b]) >= 0) *row++ = row_of(b, length[b]);
+  return rows;
+}
+
+}  // namespace
+
 bool has_unstarted(const at::Tensor& lengths) {
   const at::Tensor l = lengths.contiguous();
   const int64_t* length = l.const_data_ptr<int64_t>();
@@ -248,12 +269,8 @@ at::Tensor final_state_rows(const at::Tensor& lengths, const c10::SymInt& batch)
 }
 
 at::Tensor final_state_rows_host(const at::Tensor& lengths, int64_t batch, c10::Device device) {
-  const at::Tensor l = lengths.contiguous();
-  const int64_t* length = l.const_data_ptr<int64_t>();
-  at::Tensor rows = host_buffer(batch, at::kLong, device);
-  int64_t* row = rows.mutable_data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) row[b] = std::max<int64_t>(length[b] - 1, 0) * batch + b;
-  return rows;
+  return host_rows_where(lengths, device,
+                         [&](int64_t b, int64_t length) { return std::max<int64_t>(length - 1, 0) * batch + b; });
 }
 
 at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
@@ -265,15 +282,10 @@ at::Tensor final_state(const at::Tensor& y, const at::Tensor& h0,
   // of host time per layer, which the GPU may wait for.
   const int64_t B = y.size(1);
   at::Tensor h_n = as_rows(y).index_select(0, to_device_async(final_state_rows_host(*lengths, B, y.device()), y.device()));
-  if (has_unstarted(*lengths)) {
-    const at::Tensor l = lengths->contiguous();
-    const int64_t* length = l.const_data_ptr<int64_t>();
-    const int64_t count = std::count(length, length + B, int64_t{0});
-    at::Tensor rows = host_buffer(count, at::kLong, y.device());
-    int64_t* row = rows.mutable_data_ptr<int64_t>();
-    for (int64_t b = 0; b < B; ++b)
-      if (length[b] == 0) *row++ = b;
-    const at::Tensor unstarted_rows = to_device_async(rows, y.device());
+  const at::Tensor unstarted =  // the sequences without a step: h_n is their h0
+      host_rows_where(*lengths, y.device(), [](int64_t b, int64_t length) { return length == 0 ? b : -1; });
+  if (unstarted.numel() > 0) {
+    const at::Tensor unstarted_rows = to_device_async(unstarted, y.device());
     h_n.index_copy_(0, unstarted_rows, h0.index_select(0, unstarted_rows));
   }
   return h_n;
@@ -503,17 +515,9 @@ at::Tensor recurrent_weight_grad(const at::Tensor& delta, const at::Tensor& y, c
     // is NaN, and nn's modules never multiply that state again: zero its row.
     // Past that step y, and so prev, is zero.
     const int64_t B = y.size(1);
-    const at::Tensor l = lengths->contiguous();  // checked: host int64 in [0, T]
-    const int64_t* length = l.const_data_ptr<int64_t>();
-    int64_t ended = 0;
-    for (int64_t b = 0; b < B; ++b) ended += length[b] < T;
-    if (ended > 0) {
-      at::Tensor rows = host_buffer(ended, at::kLong, prev.device());
-      int64_t* row = rows.mutable_data_ptr<int64_t>();
-      for (int64_t b = 0; b < B; ++b)
-        if (length[b] < T) *row++ = length[b] * B + b;
-      as_rows(prev).index_fill_(0, to_device_async(rows, prev.device()), 0);
-    }
+    const at::Tensor ended = host_rows_where(  // checked: host int64 lengths in [0, T]
+        *lengths, prev.device(), [&](int64_t b, int64_t length) { return length < T ? length * B + b : -1; });
+    if (ended.numel() > 0) as_rows(prev).index_fill_(0, to_device_async(ended, prev.device()), 0);
   }
   return as_rows(delta).t().mm(as_rows(prev));
 }
