@@ -506,6 +506,20 @@ def test_step_forms(fake_kernels):
         assert stream.step(x[3], out=out_t) is out_t and rel_err(out_t, y_ref[3]) < 1e-6
 
 
+def test_an_elman_module_streams_by_its_mode(fake_kernels):
+    """nn.RNN computes by mode, not nonlinearity (which only sets mode at
+    construction): a stream of a module whose mode was changed steps as the
+    module's forward does."""
+    module = make_module("rnn", 5, 6)
+    module.mode = "RNN_RELU"
+    x = torch.randn(3, 1, 5)
+    with torch_prnn.Stream(module) as stream:
+        assert stream.cell == "rnn_relu"
+        ys = torch.stack([stream.step(x[t]) for t in range(3)])
+    with torch.no_grad():
+        assert rel_err(ys, module(x)[0]) < 1e-6
+
+
 def test_bad_step_arguments(fake_kernels):
     with torch_prnn.Stream(make_module("rnn", 5, 6), batch=2) as stream:
         with pytest.raises(TypeError, match="x must be a tensor, got list"):

@@ -18,6 +18,7 @@ _START_TIMEOUT_MARK = "(start_timeout)"  # in the message of a kernel that did n
 _MAX_LAYERS = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CELL_OF_GATES = {gates: cell for cell, gates in GATES_OF_CELL.items()}
+_ACTIVATION_OF_MODE = {"RNN_TANH": "tanh", "RNN_RELU": "relu"}
 
 # Open streams, closed at interpreter exit (a stream also closes when collected).
 _open_streams = weakref.WeakSet()
@@ -378,7 +379,10 @@ def _describe(module):
     dtype = w_hh.dtype
     if dtype not in _DTYPES:
         raise NotImplementedError(f"Stream: the resident kernel runs float32, bfloat16 and float16, not {dtype}")
-    nonlinearity = getattr(module, "nonlinearity", "tanh") if cell == "rnn" else "tanh"
+    # An Elman module computes by mode, as nn.RNN's forward does (nonlinearity only sets it at construction).
+    nonlinearity = "tanh"
+    if cell == "rnn":
+        nonlinearity = _ACTIVATION_OF_MODE.get(getattr(module, "mode", None), getattr(module, "nonlinearity", "tanh"))
     bias = bool(getattr(module, "bias", True))
     kinds = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if bias else ())
     names = [f"{kind}_l{layer}" for layer in range(layers) for kind in kinds]
