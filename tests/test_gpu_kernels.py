@@ -513,6 +513,39 @@ def test_non_contiguous_inputs(dtype):
         assert rel_err(out, ref_g) < max(TOL[dtype], 1e-4)
 
 
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
+def test_a_sums_gradient_is_not_copied_whole(cell):
+    """loss = y.sum() gives the backward a grad_y whose every stride is 0:
+    its values along H are copied (the kernels want a unit last stride), not
+    the whole [T, B, H] - the backward's peak memory is that of a dense
+    grad_y made beforehand - and the gradients are the dense one's."""
+    T, B, H = 64, 8, 256
+    torch.manual_seed(3)
+    module = {"rnn": torch_prnn.PersistentRNN, "lstm": torch_prnn.PersistentLSTM,
+              "gru": torch_prnn.PersistentGRU}[cell](H, H, device="cuda")
+    x = torch.randn(T, B, H, device="cuda", requires_grad=True)
+    params = [x, *module.parameters()]
+    dense, expanded = torch.ones(T, B, H, device="cuda"), torch.ones((), device="cuda").expand(T, B, H)
+    assert expanded.stride() == (0, 0, 0)
+
+    def backward_peak(grad_y):
+        y = module(x)[0]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        grads = torch.autograd.grad(y, params, grad_y)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before, grads
+
+    backward_peak(dense)  # the backward's own workspaces allocated once
+    dense_peak, want = backward_peak(dense)
+    expanded_peak, got = backward_peak(expanded)
+    whole = T * B * H * 4
+    assert expanded_peak < dense_peak + whole // 4, (expanded_peak, dense_peak, whole)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("H,pitch,offset",
                          [(1000, 1024, 0), (1000, 1024, 8), (129, 136, 0), (129, 136, 1), (1000, 1024, 2),

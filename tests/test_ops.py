@@ -97,6 +97,24 @@ def test_strided_inputs(device):
         assert_close(g, g_ref, torch.float64)
 
 
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("varies", ["none", "steps", "batch", "steps_batch"])
+def test_stride_0_grad_y(device, varies):
+    """An incoming gradient constant along H (stride 0 there) and varying
+    along none, one or both outer dimensions: the backward's results are
+    those of the same values made dense."""
+    T, B, H = 5, 3, 9
+    shape = (T if "steps" in varies else 1, B if "batch" in varies else 1, 1)
+    grad_y = torch.randn(shape, dtype=torch.float64, device=device).expand(T, B, H)
+    assert grad_y.stride(-1) == 0
+    xp, h0, w = make_op_inputs(T, B, H, device=device)
+    y = forward(xp, h0, w, None, "tanh")[0]
+    got = backward(grad_y, y, h0, w, None, "tanh")
+    want = backward(grad_y.contiguous(), y, h0, w, None, "tanh")
+    for name, g, g_want in zip(("xp", "h0", "w_hh"), got, want):
+        assert torch.equal(g, g_want), f"grad {name}"
+
+
 def test_lengths_semantics():
     """Past its length a sequence's outputs and deltas are zero; length 0
     leaves h0 untouched and sends no gradient to it through the op."""

@@ -150,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   }
   at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
   if (!is_empty(problem)) {
-    const at::Tensor grad_y_ = unit_last_stride(grad_y), y_ = y.contiguous(),
+    const at::Tensor grad_y_ = unit_last_stride_gradient(grad_y), y_ = y.contiguous(),
                      w_hh_ = unit_last_stride(w_hh);
     prnn_plan_t plan;
     check_status(op, prnn_plan_cpu(&problem, PRNN_PASS_BACKWARD_DATA, &plan));
@@ -454,6 +454,14 @@ at::Tensor unit_last_stride(const at::Tensor& t) {
   return t.stride(-1) == 1 ? t : t.contiguous();
 }
 
+at::Tensor unit_last_stride_gradient(const at::Tensor& grad) {
+  if (grad.stride(-1) == 1) return grad;
+  at::Tensor varying = grad;
+  for (int64_t d = 0; d + 1 < grad.dim(); ++d)
+    if (grad.stride(d) == 0 && grad.size(d) > 1) varying = varying.narrow(d, 0, 1);
+  return varying.contiguous().expand(grad.sizes());
+}
+
 prnn_forward_args_t forward_args(const at::Tensor& xp, const at::Tensor& h0,
                                  const at::Tensor& w_hh, const at::Tensor& lengths,
                                  const at::Tensor& y) {
@@ -734,7 +742,7 @@ GatedBackwardCall gated_backward_call(const prnn_problem_t& problem, const at::T
   }
   call.grad_h0 = at::empty({B, S}, options);
   if (lstm) call.grad_c0 = at::empty({B, H}, options);
-  call.grad_y = unit_last_stride(grad_y);
+  call.grad_y = unit_last_stride_gradient(grad_y);
   call.grad_h_n = unit_last_stride_or_none(grad_h_n);
   call.grad_c_n = unit_last_stride_or_none(grad_c_n);
   call.c0 = unit_last_stride_or_none(c0);

@@ -49,6 +49,11 @@ void* workspace_ptr(const at::Tensor& ws);
 
 // The C API takes a stride per outer dimension but a unit-stride last one.
 at::Tensor unit_last_stride(const at::Tensor& t);
+// An incoming gradient (grad_y) as the backward passes take it, whose step
+// and sequence strides may be 0: one that autograd expanded along its last
+// dimension too (a sum's gradient, every stride 0) is copied only along the
+// dimensions it varies in, not to its whole [T, B, S].
+at::Tensor unit_last_stride_gradient(const at::Tensor& grad);
 
 // The C API's argument structs; every tensor has a unit-stride last dimension
 // and `lengths` is int32 in the memory of the device that runs the pass.

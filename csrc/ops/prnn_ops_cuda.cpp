@@ -165,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   at::Tensor grad_xp = at::empty({problem.steps, problem.batch, problem.hidden}, y.options());
   const at::Tensor lengths32 = on_device(op, host_lengths32, y);
   if (!is_empty(problem)) {
-    const at::Tensor grad_y_ = unit_last_stride(grad_y), y_ = y.contiguous(),
+    const at::Tensor grad_y_ = unit_last_stride_gradient(grad_y), y_ = y.contiguous(),
                      w_hh_ = unit_last_stride(w_hh);
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
