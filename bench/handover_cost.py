@@ -40,6 +40,7 @@ def hand_everything_over():
     _crossover.enabled = True
     _crossover._CPU_TORCH_CELLS = tuple(CELLS)
     _crossover._CPU_TORCH_MIN_HIDDEN = 0
+    _crossover._FEW_STEPS_MAX_BATCH = 0  # one timestep a call too
     for limits in (_crossover._CUDA_LIMITS, _crossover._CLUSTER_LIMITS):
         for key in limits:
             limits[key] = ((float("inf"), 0),)

@@ -41,14 +41,25 @@ def test_limits_follow_the_measurements():
     assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
     assert faster("lstm", torch.float32, "cuda", 16, 1024)  # forward 0.90-0.95x at T = 256
     assert not faster("lstm", torch.float32, "cuda", 8, 1024)
-    # One timestep a call without gradients (the few-steps kernel) stays ours to B = 16.
-    assert not faster("lstm", torch.float32, "cuda", 16, 1024, steps=1)
-    assert faster("lstm", torch.float32, "cuda", 16, 1024, steps=2)
-    assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True, steps=1)
-    assert faster("lstm", torch.float32, "cuda", 17, 1024, steps=1)
-    assert faster("gru", torch.float32, "cuda", 4, 2048, steps=1)
-    assert not faster("rnn", torch.float32, "cuda", 4, 2048, steps=1)
-    assert faster("lstm", torch.float16, "cuda", 8, 1024, steps=1)  # not timed at T = 1: its limits
+    # One timestep a call without gradients (the few-steps kernel, prnn::layers) stays ours to B = 16.
+    assert not faster("lstm", torch.float32, "cuda", 16, 1024, steps=1, layers_op=True)
+    assert faster("lstm", torch.float32, "cuda", 16, 1024, steps=1)  # the regular path: a GEMM and prnn::lstm
+    assert faster("lstm", torch.float32, "cuda", 16, 1024, steps=2, layers_op=True)
+    assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True, steps=1, layers_op=True)
+    assert faster("lstm", torch.float32, "cuda", 17, 1024, steps=1, layers_op=True)
+    assert faster("gru", torch.float32, "cuda", 4, 2048, steps=1, layers_op=True)
+    assert not faster("rnn", torch.float32, "cuda", 4, 2048, steps=1, layers_op=True)
+    assert faster("lstm", torch.float16, "cuda", 8, 1024, steps=1, layers_op=True)  # not timed at T = 1: its limits
+    # Short float16 Elman forwards at H = 256 past B = 16: nn's fixed cost is below ours.
+    assert faster("rnn", torch.float16, "cuda", 32, 256, steps=16)
+    assert faster("rnn", torch.float16, "cuda", 128, 256, steps=63)
+    assert faster("rnn", torch.float16, "cuda", 17, 200, steps=1, layers_op=True)
+    assert not faster("rnn", torch.float16, "cuda", 32, 256, steps=64)
+    assert not faster("rnn", torch.float16, "cuda", 128, 256)  # steps unknown: the batch limit
+    assert not faster("rnn", torch.float16, "cuda", 16, 256, steps=16)
+    assert not faster("rnn", torch.float16, "cuda", 32, 257, steps=16)
+    assert not faster("rnn", torch.float16, "cuda", 32, 256, training=True, steps=16)
+    assert not faster("rnn", torch.bfloat16, "cuda", 32, 256, steps=16)
     assert not faster("rnn", torch.float32, "cuda", 128, 512)  # the Elman cluster tier
     assert faster("rnn", torch.float32, "cuda", 256, 512)
     assert not faster("rnn", torch.bfloat16, "cuda", 256, 1024)  # 16-bit Elman: waves from B = 512
@@ -110,6 +121,29 @@ def test_gated_limits_follow_the_cluster_family(monkeypatch, clusters):
     assert faster("gru", torch.bfloat16, "cuda", 56, 512, training=True) != clusters
     assert faster("lstm", torch.bfloat16, "cuda", 64, 512, training=True)  # more clusters than the GPU holds
     assert not faster("lstm", torch.float32, "cuda", 64, 256)  # float32 has no cluster family
+
+
+@pytest.mark.parametrize("cell", sorted(CELLS))
+@pytest.mark.parametrize("form", ["tensor", "batch_first", "packed", "bidirectional"])
+def test_every_module_path_gives_the_hand_over_its_steps(cell, form, monkeypatch):
+    """The hand-over's short-call limits need the call's T: every path of
+    every module passes it (the padded length for packed input), and only
+    the short path (prnn::layers) claims the few-steps kernel."""
+    seen = []
+    real = _crossover.torch_runs
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("steps"), kwargs.get("layers_op", False)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_crossover, "torch_runs", spy)
+    cls = CELLS[cell][0]
+    module = cls(3, 5, batch_first=form == "batch_first", bidirectional=form == "bidirectional")
+    x = torch.randn(4, 7, 3) if form == "batch_first" else torch.randn(7, 4, 3)
+    if form == "packed":
+        x = pack_padded_sequence(x, torch.tensor([7, 6, 6, 2]))
+    module(x)
+    assert seen == [(7, form in ("tensor", "batch_first"))]
 
 
 def test_plan_says_what_a_module_runs():

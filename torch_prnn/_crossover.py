@@ -67,6 +67,17 @@ _CUDA_LIMITS = {
     ("gru", "16-bit", True): ((384, 64), (768, 32), (1024, 16)),
 }
 
+# Short calls where nn's fixed cost is below ours (cell, dtype class,
+# training) -> (largest hidden size, largest batch on ours, fewest steps):
+# at most that hidden size, a call past that batch and shorter than those
+# steps runs torch. float16 Elman at H = 256 (cuDNN's float16 persistent
+# kernel): forward at T = 16 0.85-0.93x nn.RNN at B = 32-128 (1.33x at
+# B = 16), at T = 64 0.99-1.10x, at T = 256 1.10-1.29x; training 1.06-1.11x
+# at T = 16 (bench/NOTES.md step 74).
+_SHORT_CALL_LIMITS = {
+    ("rnn", "float16", False): ((256, 16, 64),),
+}
+
 # One timestep a call without gradients on the few-steps kernel, as measured
 # against nn's modules (bench/NOTES.md, one timestep a call).
 _FEW_STEPS_MAX_BATCH = 16
@@ -174,18 +185,20 @@ def _cluster_family_runs(index: int) -> bool:
 
 def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
                     proj_size: int = 0, training: bool = False, device_index: int | None = None,
-                    steps: int | None = None) -> bool:
+                    steps: int | None = None, layers_op: bool = False) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
     device, batch and hidden size runs on torch's own recurrence: where that
     is faster, and on the CPU under autocast; training: the call's backward
     runs too. float64 always stays on ours (the reference the tests use), as
     does every device but CUDA and the CPU, and under torch.compile a CPU
     call with gradients. device_index: the CUDA device
-    (default: the current one). steps: given by the callers whose layers
-    take the few-steps kernel (prnn::layers), where one timestep a call
-    without gradients at B <= 16 stays ours where measured (the gated cells
-    1.9-2.0x nn's at H = 640-1024 in float32 and bfloat16, not timed in
-    float16; Elman to H = 2048)."""
+    (default: the current one). steps: the call's timesteps, where the
+    caller knows them (a short call may hand over from a smaller batch:
+    _SHORT_CALL_LIMITS). layers_op: the call's layers run as prnn::layers
+    (the modules' short path), where one timestep a call without gradients
+    at B <= 16 takes the few-steps kernel and stays ours where measured (the
+    gated cells 1.9-2.0x nn's at H = 640-1024 in float32 and bfloat16, not
+    timed in float16; Elman to H = 2048)."""
     if not enabled:
         return False
     if device_type == "meta":
@@ -221,9 +234,13 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         dtype = torch.float16
     if proj_size > 0:  # our stepwise tier
         return True
-    if (steps == 1 and not training and not autocast and batch <= _FEW_STEPS_MAX_BATCH
+    if (layers_op and steps == 1 and not training and not autocast and batch <= _FEW_STEPS_MAX_BATCH
             and hidden <= _FEW_STEPS_MAX_HIDDEN[cell] and (cell == "rnn" or dtype != torch.float16)):
         return False
+    if steps is not None:
+        for max_hidden, max_batch, min_steps in _SHORT_CALL_LIMITS.get((cell, _dtype_class(cell, dtype), training), ()):
+            if hidden <= max_hidden and batch > max_batch and steps < min_steps:
+                return True
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     if cell != "rnn" and dtype != torch.float32:
         index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0

@@ -337,7 +337,7 @@ class PersistentRNNBase(FlatWeights, nn.Module):
         weights = self._forward_weights()
         if _crossover.torch_runs(
             _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
-            training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index,
+            training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index, steps=steps,
         ):
             # packed: on the packed data, as nn runs it
             if packed:

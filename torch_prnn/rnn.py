@@ -267,7 +267,7 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         if not torch.jit.is_scripting():
             on_torch = _crossover.torch_runs(
                 "rnn", x.dtype, x.device.type, batch, self.hidden_size,
-                training=_crossover.needs_grad(self._forward_weights(), x, hx),
+                training=_crossover.needs_grad(self._forward_weights(), x, hx), steps=steps,
             )
         if on_torch:
             # packed: on the packed data, as nn.RNN runs it
