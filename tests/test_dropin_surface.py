@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from conftest import Batched, assert_close, devices, rel_err, twins
+from conftest import Batched, assert_close, devices, needs_cuda, rel_err, twins
 
 # Configurations whose attributes differ: nonlinearity, bias, layers, directions.
 CONFIGS = [
@@ -555,3 +555,40 @@ def test_compile_where_eager_hands_over(fresh_dynamo):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # eager: handed over to nn.RNN's autocast
         out = torch.compile(rnn, fullgraph=True)(packed)[0].data
     assert out.shape == (8, 16) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.torch_fallback
+@needs_cuda
+@pytest.mark.parametrize("case", ["lstm_proj_size", "rnn_past_the_limits"])
+def test_compile_packed_handed_over_on_cuda(case, fresh_dynamo):
+    """A packed CUDA call that eager hands to torch's recurrence (an LSTM
+    with proj_size; an Elman batch past the limits) under torch.compile:
+    with fullgraph=True ours compiles where nn's module does and raises
+    where nn's raises; without it, nn's values."""
+    torch.manual_seed(0)
+    if case == "lstm_proj_size":
+        cell, theirs, batch = "lstm", nn.LSTM(8, 32, proj_size=16, device="cuda"), 3
+        ours = torch_prnn.PersistentLSTM.from_lstm(theirs)
+    else:
+        cell, theirs, batch = "rnn", nn.RNN(8, 256, device="cuda"), 64
+        ours = torch_prnn.PersistentRNN.from_rnn(theirs)
+    lengths = torch.arange(batch, 0, -1) % 5 + 1
+    packed = pack_padded_sequence(torch.randn(5, batch, 8, device="cuda"), lengths.sort(descending=True)[0])
+    assert torch_prnn.plan(ours.hidden_size, batch, 5, device="cuda", cell=cell,
+                           proj_size=ours.proj_size, backward=True)["module"] == "torch"
+
+    def full_graph(module):
+        torch._dynamo.reset()
+        try:
+            return torch.compile(module, fullgraph=True)(packed)[0].data
+        except Exception as error:  # noqa: BLE001 - compared with nn's below
+            return type(error)
+
+    got, want = full_graph(ours), full_graph(theirs)
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"nn's module compiles with fullgraph=True, ours raised {got}"
+        assert rel_err(got, want) < 1e-5
+    else:
+        assert not isinstance(got, torch.Tensor), f"nn's module raised {want}, ours compiled"
+    torch._dynamo.reset()
+    assert rel_err(torch.compile(ours)(packed)[0].data, theirs(packed)[0].data) < 1e-5
