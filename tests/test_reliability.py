@@ -805,10 +805,14 @@ def _recurrent_weights(shape):
     return w
 
 
-def assert_within(out, ref, own, dtype, what):
+def assert_within(out, ref, own, dtype, what, magnitudes=None):
     """out against the float64 ref, within the larger of TOL[dtype] and
-    TORCH_ERROR_FACTOR times torch's own (`own`) error against it."""
+    TORCH_ERROR_FACTOR times torch's own (`own`) error against it; with
+    magnitudes (the sum of a sum's terms' magnitudes, as ref's shape), also
+    within TOL of those (check_parity: why)."""
     bound = max(TOL[dtype], TORCH_ERROR_FACTOR * rel_err(own, ref))
+    if magnitudes is not None:
+        bound = max(bound, TOL[dtype] * (magnitudes.norm() / ref.norm().clamp_min(1e-300)).item())
     err = rel_err(out, ref)
     assert err < bound, f"{what}: relative error {err:.3g} >= {bound:.3g} (torch's own {rel_err(own, ref):.3g})"
 
@@ -865,9 +869,13 @@ def run_op_case(c):
     if grads is not None:
         ref_grads = torch.autograd.grad(y_ref, ref_leaves, placed["grad_y"][0].double())
         own_grads = torch.autograd.grad(y_own, own_leaves, placed["grad_y"][0].to(own_dtype))
-        for name, g, r, o in zip(("grad_xp", "grad_h0", "grad_w_hh"), grads, ref_grads, own_grads, strict=True):
+        # grad_w_hh = sum_t delta_t^T h_{t-1}, delta being grad_xp
+        h_prev = torch.cat([ref_leaves[1].detach().unsqueeze(0), y_ref.detach()[:-1]])
+        w_terms = torch.einsum("tbi,tbj->ij", ref_grads[0].abs(), h_prev.abs())
+        for name, g, r, o, m in zip(("grad_xp", "grad_h0", "grad_w_hh"), grads, ref_grads, own_grads,
+                                    (None, None, w_terms), strict=True):
             assert g.dtype == c.dtype and g.shape == r.shape, f"{name}: dtype or shape"
-            assert_within(g, r, o, c.dtype, name)
+            assert_within(g, r, o, c.dtype, name, m)
         if dead is not None:
             assert (grads[0][dead] == 0).all(), "grad_xp: not zero past a length"
     for name, (_, buf) in placed.items():  # inputs, padding included, untouched
@@ -881,14 +889,14 @@ def term_magnitudes(reference, input, hx):
     delta the pre-activation's gradient), a bias's sum_t delta_t; here
     sum_t |delta_t| |v_t|^T and sum_t |delta_t|, from a float64 loop over
     the layers, directions and steps whose gradients are checked against
-    nn.RNN's first."""
+    nn.RNN's."""
     D = 2 if reference.bidirectional else 1
     act = torch.tanh if reference.nonlinearity == "tanh" else torch.relu
     ref_input, ref_hx = as_reference(input), as_reference(hx)
     output, h_n, want = run(reference, ref_input, ref_hx)
     gen = torch.Generator().manual_seed(1)  # run()'s loss weights
-    out_weights = torch.randn(output.data.shape, generator=gen).double()
-    h_weights = torch.randn(h_n.shape, generator=gen).double()
+    out_weights = torch.randn(output.data.shape, generator=gen).to(output.data)
+    h_weights = torch.randn(h_n.shape, generator=gen).to(h_n)
     if isinstance(input, PackedSequence):
         x, lengths = pad_packed_sequence(ref_input)
         x = x.detach()
@@ -898,7 +906,7 @@ def term_magnitudes(reference, input, hx):
         out_weights = out_weights.transpose(0, 1) if reference.batch_first else out_weights
         lengths = torch.full((x.shape[1],), x.shape[0])
     T, B = x.shape[:2]
-    live = (torch.arange(T).unsqueeze(1) < lengths).unsqueeze(-1)  # [T, B, 1]
+    live = (torch.arange(T).unsqueeze(1) < lengths.cpu()).unsqueeze(-1).to(x.device)  # [T, B, 1]
     params = {n: p.detach().clone().requires_grad_() for n, p in reference.named_parameters()}
     uses, finals, layer_input = [], [], x
     for layer in range(reference.num_layers):
@@ -919,8 +927,6 @@ def term_magnitudes(reference, input, hx):
             finals.append(h)
         layer_input = torch.cat(outputs, -1)
     ((layer_input * out_weights).sum() + (torch.stack(finals) * h_weights).sum()).backward()
-    for (name, p), w in zip(params.items(), want[-len(params):], strict=True):
-        assert rel_err(p.grad, w) < 1e-9, f"term_magnitudes: the loop's grad {name} is not nn.RNN's"
     magnitudes = {n: torch.zeros_like(p) for n, p in params.items()}
     for suffix, z, v, h in uses:
         delta = z.grad.abs()
@@ -929,6 +935,9 @@ def term_magnitudes(reference, input, hx):
         if reference.bias:
             magnitudes["bias_ih" + suffix] += delta.sum(0)
             magnitudes["bias_hh" + suffix] += delta.sum(0)
+    for (name, p), w in zip(params.items(), want[-len(params):], strict=True):  # float64 rounding, cancelled too
+        bound = 1e-9 * max(1.0, (magnitudes[name].norm() / w.norm().clamp_min(1e-300)).item())
+        assert rel_err(p.grad, w) < bound, f"term_magnitudes: the loop's grad {name} is not nn.RNN's"
     return magnitudes
 
 
@@ -964,6 +973,23 @@ def run_module_case(c):
 def run_case(case):
     torch.manual_seed(case.seed)
     (run_module_case if case.path == "module" else run_op_case)(case)
+
+
+@pytest.mark.parametrize("steps,batch", [(1, 1), (7, 3)])
+def test_term_magnitudes_bound_the_gradients(steps, batch):
+    """Each parameter gradient is at most its terms' magnitudes, element by
+    element, and equal to them in absolute value where a gradient has one
+    term (one step of one sequence): there the fuzz's relaxed bound is TOL."""
+    torch.manual_seed(steps)
+    ours = torch_prnn.PersistentRNN(3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+    reference = float64_twin(ours)
+    x = torch.randn(steps, batch, 3, dtype=torch.float64, requires_grad=True)
+    magnitudes = term_magnitudes(reference, x, None)
+    grads = run(reference, as_reference(x), None)[2][-len(magnitudes):]
+    for (name, m), g in zip(magnitudes.items(), grads, strict=True):
+        assert (m >= g.abs() - 1e-12).all(), name
+        if steps == 1 and batch == 1:
+            assert torch.allclose(m, g.abs(), rtol=1e-12, atol=0), name
 
 
 # The hang guard: the budget, and room for a slow case after it.
