@@ -104,7 +104,7 @@ static int run_case(prnn_dtype_t dtype, prnn_activation_t activation, int64_t T,
   const int64_t n_xp = extent(T, B, H, L->xp_st, L->xp_sb);
   const int64_t n_h0 = (B - 1) * L->h0_sb + H, n_w = (H - 1) * L->w_s + H;
   const int64_t n_gy = extent(T, B, H, L->gy_st, L->gy_sb);
-  prnn_problem_t problem;
+  prnn_problem_t problem = {0};
   prnn_forward_args_t fa;
   prnn_backward_args_t ba;
   prnn_plan_t plan;
