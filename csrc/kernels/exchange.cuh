@@ -52,6 +52,39 @@ __device__ __forceinline__ unsigned long long tagged_word(unsigned tag, uint32_t
 __device__ __forceinline__ unsigned tag_of(unsigned long long w) { return (unsigned)(w >> 32); }
 __device__ __forceinline__ float payload_float(unsigned long long w) { return __uint_as_float((uint32_t)w); }
 
+/* Polls 16-byte pairs of words until both words of each carry `tag`, with
+ * SLOTS loads in flight: a cursor c < end names a pair, word(c) its first
+ * word; init(at) sets each slot's first cursor; once a slot's pair is in,
+ * store(c, w0, w1) takes it and the slot moves to next(c). Returns when every
+ * slot's cursor is past end. The grid families' exchange (gated_grid.cu,
+ * gated_ffma.cu): each warp polls the words its products need. */
+template <int SLOTS, class Init, class Next, class Word, class Store>
+__device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, Init init, Next next, Word word, Store store) {
+  int at[SLOTS];
+  init(at);
+  unsigned long long w[SLOTS][2];
+#pragma unroll
+  for (int j = 0; j < SLOTS; ++j)
+    if (at[j] < end) load_word_pair(word(at[j]), w[j][0], w[j][1]);
+  unsigned long long since = 0; /* for the watchdog */
+  for (unsigned round = 1;; ++round) {
+    bool busy = false;
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      if (at[j] >= end) continue;
+      busy = true;
+      if (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag) {
+        store(at[j], w[j][0], w[j][1]);
+        at[j] = next(at[j]);
+        if (at[j] >= end) continue;
+      }
+      load_word_pair(word(at[j]), w[j][0], w[j][1]);
+    }
+    if (!busy) break;
+    watchdog(round, &since);
+  }
+}
+
 }  // namespace prnn
 
 #endif /* PRNN_EXCHANGE_CUH */

@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
       float dhh[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length send zeros */
-      if (mine) unit.template step<S>(p, sm, s, warp, b, ul, u, dhh);
+      if (mine) unit.step(p, s, b, u, dhh, [&] { return sum_partials<S>(sm, warp, ul); });
       if (s < T)
 #pragma unroll
         for (int g = 0; g < G; ++g) sm.slice[warp * SLPITCH + g * U + ul] = round_bits<E>(dhh[g]);

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_status.cuh"
 #include "device_info.cuh"
 #include "gated_unit.cuh"
 
@@ -56,11 +57,28 @@ struct GatedFamily {
                           void *workspace, cudaStream_t stream);
 };
 
+/* The launch of the grid families (gated_grid.cu, gated_ffma.cu), whose
+ * plans are groups of plan.group.ctas CTAs with plan.group.seqs sequences
+ * each, exchanging tagged words in the workspace: the words zeroed (tags
+ * start at zero: no word of an earlier call can match a step's tag), then
+ * one cooperative launch. */
+inline prnn_status_t launch_grouped_words(const GatedPlan &plan, const prnn_problem_t *, bool, GatedParams p,
+                                          void *workspace, cudaStream_t stream) {
+  p.group.seqs = plan.group.seqs;
+  p.group.words = static_cast<unsigned long long *>(workspace);
+  const prnn_plan_t &s = plan.summary;
+  void *args[] = {&p};
+  return launch_cooperative_zeroed(plan.kernel, s.grid, s.block, args, (size_t)s.smem_bytes, workspace,
+                                   s.workspace_bytes, stream, "cudaLaunchCooperativeKernel(gated grid kernel)");
+}
+
 /* The families, each in the file of its kernels: gated_cluster.cu (16-bit
- * clusters, sm_90), gated_grid.cu (16-bit, a cooperative grid), gated.cu
- * (the persistent family, any dtype but float64, and the stepwise one). */
+ * clusters, sm_90), gated_grid.cu (16-bit, a cooperative grid),
+ * gated_ffma.cu (float32, a cooperative grid), gated.cu (the persistent
+ * family, any dtype but float64, and the stepwise one). */
 extern const GatedFamily gated_cluster_family;
 extern const GatedFamily gated_grid_family;
+extern const GatedFamily gated_ffma_family;
 extern const GatedFamily gated_persistent_family;
 extern const GatedFamily gated_stepwise_family;
 

@@ -103,33 +103,18 @@ __device__ __forceinline__ void load_slice(const unsigned long long *src, int wo
   /* slot j's cursor: 256 n + r for pair r of sequence n (P <= 4 G KT <= 128); none left once >= 256 live */
   const int end = 256 * live, d32 = 32 / P * 256 + 32 % P, dS = SLOTS * 32 / P * 256 + SLOTS * 32 % P;
   auto step = [&](int c, int d) { c += d; return (c & 255) >= P ? c + 256 - P : c; };
-  auto word = [&](int c) { return src + (c >> 8) * words + first + 2 * (c & 255); };
-  int at[SLOTS];
-  at[0] = lane / P * 256 + lane % P;
+  poll_word_pairs<SLOTS>(
+      tag, end,
+      [&](int (&at)[SLOTS]) {
+        at[0] = lane / P * 256 + lane % P;
 #pragma unroll
-  for (int j = 1; j < SLOTS; ++j) at[j] = step(at[j - 1], d32);
-  unsigned long long w[SLOTS][2];
-#pragma unroll
-  for (int j = 0; j < SLOTS; ++j)
-    if (at[j] < end) load_word_pair(word(at[j]), w[j][0], w[j][1]);
-  unsigned long long since = 0; /* for the watchdog */
-  for (unsigned round = 1;; ++round) {
-    bool busy = false;
-#pragma unroll
-    for (int j = 0; j < SLOTS; ++j) {
-      if (at[j] >= end) continue;
-      busy = true;
-      if (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag) { /* words first + 2 r, + 1: columns 2 first + 4 r .. + 3 */
-        *reinterpret_cast<uint2 *>(state + (at[j] >> 8) * S::kStatePitch + 2 * first + 4 * (at[j] & 255)) =
-            make_uint2((uint32_t)w[j][0], (uint32_t)w[j][1]);
-        at[j] = step(at[j], dS);
-        if (at[j] >= end) continue;
-      }
-      load_word_pair(word(at[j]), w[j][0], w[j][1]);
-    }
-    if (!busy) break;
-    watchdog(round, &since);
-  }
+        for (int j = 1; j < SLOTS; ++j) at[j] = step(at[j - 1], d32);
+      },
+      [&](int c) { return step(c, dS); }, [&](int c) { return src + (c >> 8) * words + first + 2 * (c & 255); },
+      [&](int c, unsigned long long w0, unsigned long long w1) { /* words first + 2 r, + 1: columns 2 first + 4 r .. + 3 */
+        *reinterpret_cast<uint2 *>(state + (c >> 8) * S::kStatePitch + 2 * first + 4 * (c & 255)) =
+            make_uint2((uint32_t)w0, (uint32_t)w1);
+      });
   __syncwarp();
 }
 #endif
@@ -236,7 +221,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
     float dhh[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length publish zeros */
-    if (mine) unit.template step<S>(p, step, s, warp, b, ul, u, dhh);
+    if (mine) unit.step(p, s, b, u, dhh, [&] { return sum_partials<S>(step, warp, ul); });
     if (s < T)
 #pragma unroll
       for (int g = 0; g < G; ++g) {
@@ -335,20 +320,8 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
   return PRNN_STATUS_SUCCESS;
 }
 
-/* Zero the exchange words (tags start at zero: no word of an earlier call
- * can match a step's tag), then one cooperative launch. */
-prnn_status_t launch(const GatedPlan &plan, const prnn_problem_t *, bool, GatedParams p, void *workspace,
-                     cudaStream_t stream) {
-  p.group.seqs = plan.group.seqs;
-  p.group.words = static_cast<unsigned long long *>(workspace);
-  const prnn_plan_t &s = plan.summary;
-  void *args[] = {&p};
-  return launch_cooperative_zeroed(plan.kernel, s.grid, kMmaThreads, args, (size_t)s.smem_bytes, workspace,
-                                   s.workspace_bytes, stream, "cudaLaunchCooperativeKernel(gated grid kernel)");
-}
-
 }  // namespace
 
-extern const GatedFamily gated_grid_family = {take, launch};
+extern const GatedFamily gated_grid_family = {take, launch_grouped_words};
 
 }  // namespace prnn

@@ -1,8 +1,9 @@
 /*
- * gated_unit.cuh - what every gated family (gated.cu, gated_cluster.cu)
- * shares: the params of one pass of a gated layer and the memory side of one
- * hidden unit's forward and backward around the cell policy (cells.cuh):
- * its inputs, its saved values, lengths and gradients.
+ * gated_unit.cuh - what every gated family (gated.cu, gated_cluster.cu,
+ * gated_grid.cu, gated_ffma.cu) shares: the params of one pass of a gated
+ * layer and the memory side of one hidden unit's forward and backward around
+ * the cell policy (cells.cuh): its inputs, its saved values, lengths and
+ * gradients, and what a thread that owns a unit for every step carries.
  */
 #ifndef PRNN_GATED_UNIT_CUH
 #define PRNN_GATED_UNIT_CUH
@@ -44,7 +45,7 @@ struct GatedParams {
   struct {
     int seqs;                      /* sequences a cluster or group carries, 1..8 */
     unsigned long long *words;     /* grid family: 2 x batch x words a sequence, the exchanged state */
-  } group;                         /* cluster and grid families (gated_cluster.cu, gated_grid.cu) */
+  } group;                         /* cluster and grid families (gated_cluster.cu, gated_grid.cu, gated_ffma.cu) */
 };
 
 /* ---------------------------------------------------------------- units */
@@ -150,6 +151,88 @@ __device__ __forceinline__ void zero_unit_grads(const GatedParams &p, int t, int
   }
 }
 
+/* ------------------------------------------------- a unit across steps */
+
+/* The G gate inputs xp of unit u of sequence b at step t (read-only here: written before the launch). */
+template <class Cell, typename E>
+__device__ __forceinline__ void load_gate_inputs(const GatedParams &p, int t, int b, int u, bool mine,
+                                                 float (&xp)[Cell::kGates]) {
+  const E *src = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
+#pragma unroll
+  for (int g = 0; g < Cell::kGates; ++g) xp[g] = mine && t < p.steps ? to_accum(__ldg(src + (size_t)g * p.hidden)) : 0.f;
+}
+
+/* What a thread's unit (sequence b, unit u; mine: it has one) carries
+ * through the forward: its b_hh and c in registers, and xp of this step and
+ * the next two (loads run two steps ahead, as in cluster.cuh). */
+template <class Cell, typename E>
+struct ForwardUnitState {
+  UnitInputs<Cell, float> in;
+  float cell;
+  float next_xp[Cell::kGates], after_xp[Cell::kGates];
+  __device__ __forceinline__ ForwardUnitState(const GatedParams &p, int b, int u, bool mine) {
+    const E *b_hh = static_cast<const E *>(p.b_hh);
+#pragma unroll
+    for (int g = 0; g < Cell::kGates; ++g) in.bias[g] = mine && b_hh != NULL ? to_accum(b_hh[g * p.hidden + u]) : 0.f;
+    cell = mine && Cell::kCarriesCell ? to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]) : 0.f;
+    load_gate_inputs<Cell, E>(p, 0, b, u, mine, in.xp);
+    load_gate_inputs<Cell, E>(p, 1, b, u, mine, next_xp);
+    load_gate_inputs<Cell, E>(p, 2, b, u, mine, after_xp);
+  }
+  /* After step t: step t + 1's inputs in place, step t + 3's on their way. */
+  __device__ __forceinline__ void advance(const GatedParams &p, int t, int b, int u, bool mine) {
+#pragma unroll
+    for (int g = 0; g < Cell::kGates; ++g) {
+      in.xp[g] = next_xp[g];
+      next_xp[g] = after_xp[g];
+    }
+    if (t + 3 < p.steps) load_gate_inputs<Cell, E>(p, t + 3, b, u, mine, after_xp);
+  }
+};
+
+/* What a thread's unit (sequence b, unit u; mine: it has one) carries
+ * through the backward: dLoss/dh and dc from later steps, a GRU's direct part
+ * of dh_{t-1}, and the saved values and dy of the next step to run, loaded a
+ * step ahead. Step s runs t = T - 1 - s; s = T (t = -1) gives grad_h0. */
+template <class Cell, typename E>
+struct BackwardUnitState {
+  int len;
+  float carry_h, carry_c, direct, dy;
+  UnitSaved<Cell, float> in;
+  __device__ __forceinline__ BackwardUnitState(const GatedParams &p, int b, int u, bool mine)
+      : len(mine ? sequence_length(p.lengths, b, p.steps) : 0), direct(0.f), dy(0.f) {
+    const E *grad_h_n = static_cast<const E *>(p.grad_h_n), *grad_c_n = static_cast<const E *>(p.grad_c_n);
+    carry_h = mine && grad_h_n != NULL ? to_accum(grad_h_n[b * p.grad_h_n_stride_b + u]) : 0.f;
+    carry_c = mine && grad_c_n != NULL ? to_accum(grad_c_n[b * p.grad_c_n_stride_b + u]) : 0.f;
+    load(p, p.steps - 1, b, u);
+  }
+  /* The saved values and dy of step t (nothing past the length or for no unit). */
+  __device__ __forceinline__ void load(const GatedParams &p, int t, int b, int u) {
+    if (t >= 0 && t < len) {
+      load_unit_saved<Cell, E, float>(p, t, b, u, &in);
+      dy = to_accum(static_cast<const E *>(p.grad_y)[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]);
+    }
+  }
+  /* Step s of this thread's unit from `later()`, its row of W_hh^T times the
+   * gate gradients of t + 1 (its family's products, asked for only when
+   * s > 0 and t + 1 is within the length): writes its gradients of t
+   * (grad_h0, grad_c0 at t = -1) and returns the hh-side gate gradients of t
+   * in dhh (zeros past the length). */
+  template <class Later>
+  __device__ __forceinline__ void step(const GatedParams &p, int s, int b, int u, float (&dhh)[Cell::kGates],
+                                       Later later) {
+    const int t = p.steps - 1 - s, H = p.hidden;
+    if (s > 0 && t + 1 < len) carry_h = later() + direct;
+    if (t < 0) {
+      static_cast<E *>(p.grad_h0)[(size_t)b * H + u] = Round<E>::to(carry_h);
+      if (Cell::kCarriesCell) static_cast<E *>(p.grad_c0)[(size_t)b * H + u] = Round<E>::to(carry_c);
+    } else if (t < len) {
+      backward_unit<Cell, E, float>(p, t, b, u, in, dy + carry_h, &carry_c, &direct, dhh);
+    } else {
+      zero_unit_grads<Cell, E>(p, t, b, u);
+    }
+  }
+};
 }  // namespace prnn
 
 #endif /* PRNN_GATED_UNIT_CUH */
