@@ -79,7 +79,11 @@ for T, B, I, H, dtype, with_lengths in LAYER_CASES:
           f"fused={plan['fused_input_projection']}: finite={bool(torch.isfinite(y).all())}")
 
 GATED_CASES = [  # (cell, T, B, H, proj_size, dtype, with lengths)
-    ("lstm", 3, 2, 33, 0, torch.float32, True),  # persistent, the last CTA's units partly padding
+    # float32: the persistent family, or with PRNN_GATED_FFMA=1 the float32 grid family (gated_ffma.cu)
+    ("lstm", 3, 2, 33, 0, torch.float32, True),  # grid: 5 CTAs, the last partly padding
+    ("lstm", 3, 8, 1024, 0, torch.float32, True),  # grid: its largest shapes (8 sequences, KL 64)
+    ("gru", 3, 12, 520, 0, torch.float32, False),  # grid: two groups of 65 CTAs
+    ("lstm", 3, 9, 1024, 0, torch.float32, True),  # persistent either way: more groups than fit at once
     ("lstm", 3, 5, 1024, 0, torch.bfloat16, True),
     ("lstm", 3, 20, 512, 0, torch.float16, False),  # the cluster family: 3 clusters of 7 sequences (fewer live)
     ("gru", 3, 3, 200, 0, torch.bfloat16, True),  # the cluster family: 13 CTAs, the last partly padding

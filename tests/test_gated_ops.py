@@ -737,21 +737,50 @@ def off_the_grid_batch(H, B, cell, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_grid_family_cuda(cell, dtype, monkeypatch):
     """The gated grid family (16 bits, H <= 1024, sm_80 and later, the state
-    exchanged through L2), forward and backward, against the loop and its
-    gradients in float64 on the same rounded inputs, with lengths (0,
-    partial, full) and non-contiguous xp, and its saved values (which the
-    backward reads) against the float64 pass's. The gradients must be within
-    twice the persistent family's own error, which runs the same sequences
-    padded with sequences of length 0 to a batch the grid family declines."""
+    exchanged through L2), forward and backward: check_grid_family."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     # the backward's largest kernels (LSTM H = 1024) need 140 KB of shared memory a CTA
     backward_fits = getattr(props, "shared_memory_per_block_optin", 0) >= 140 * 1024
-    for H, B, T, bias in GRID_CASES:
+    check_grid_family(cell, dtype, GRID_CASES, lambda H, B, backward: backward_fits or not backward, monkeypatch)
+
+
+# (H, B, T, bias) for the float32 grid family (gated_ffma.cu): its K extents
+# (forward 256, 512, 1024; backward 1024, 2048, 4096), CTA boundaries (8
+# units), groups of 1, 4 and 8 sequences, one group and several (H <= 528
+# holds two groups of up to 8 on 132 SMs), T from 1 up, with and without b_hh.
+FFMA_CASES = [(1, 1, 3, True), (9, 3, 24, True), (200, 9, 2, False), (256, 1, 5, True), (257, 4, 24, True),
+              (512, 2, 1, True), (513, 5, 24, True), (640, 8, 3, True), (1000, 3, 24, False), (1024, 1, 7, True),
+              (1024, 8, 24, True)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_ffma_family_cuda(cell, monkeypatch):
+    """The gated float32 grid family (W_hh in registers as FFMA operands, the
+    state exchanged through L2 as tagged float32 words), forward and backward:
+    check_grid_family. It takes a batch whose groups of up to 8 sequences all
+    fit at once, a CTA an SM (8 units a CTA); planned with PRNN_GATED_FFMA=1
+    (off by default until it has run on a GPU)."""
+    monkeypatch.setenv("PRNN_GATED_FFMA", "1")  # the gated planner reads it at each plan
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    check_grid_family(cell, torch.float32, FFMA_CASES,
+                      lambda H, B, backward: -(-H // 8) * -(-B // 8) <= sms, monkeypatch)
+
+
+def check_grid_family(cell, dtype, cases, family_takes, monkeypatch):
+    """A grid family against the loop and its gradients in float64 on the same
+    rounded inputs, with lengths (0, partial, full) and non-contiguous xp,
+    and its saved values (which the backward reads) against the float64
+    pass's; family_takes(H, B, backward): whether the plan must name it
+    (on sm_80 and later). The gradients must be within twice the persistent
+    family's own error, which runs the same sequences padded with sequences
+    of length 0 to a batch the grid family declines."""
+    for H, B, T, bias in cases:
         if H <= 512:
             monkeypatch.setenv("PRNN_DISABLE_CLUSTER_TIER", "1")  # the gated planner reads it at each plan
         for backward in (False, True):
             p = torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda", backward=backward)
-            if torch.cuda.get_device_capability() >= (8, 0) and (backward_fits or not backward):
+            if torch.cuda.get_device_capability() >= (8, 0) and family_takes(H, B, backward):
                 assert p["tier"] == "persistent_registers", (H, B, backward, p)
         inputs = make_inputs(cell, T, B, H, 0, dtype, "cuda", bias=bias, seed=H + B)
         inputs["xp"] = strided_copy(inputs["xp"].transpose(0, 1), 1).transpose(0, 1)  # batch-major

@@ -729,10 +729,11 @@ namespace {
 
 /* The gated families, asked in this order; the first that takes a problem
  * runs it: one cluster per group of sequences (16-bit, H <= 512, sm_90+),
- * the cooperative grid (16-bit, H <= 1024, sm_80+), the persistent family
- * (W_hh in shared memory), then a few launches a step. */
-const GatedFamily *const kGatedFamilies[] = {&gated_cluster_family, &gated_grid_family, &gated_persistent_family,
-                                             &gated_stepwise_family};
+ * the cooperative grids (16-bit tensor cores, or float32 FFMA with
+ * PRNN_GATED_FFMA=1; H <= 1024, sm_80+), the persistent family (W_hh in
+ * shared memory), then a few launches a step. */
+const GatedFamily *const kGatedFamilies[] = {&gated_cluster_family, &gated_grid_family, &gated_ffma_family,
+                                             &gated_persistent_family, &gated_stepwise_family};
 
 /* How a pass of a checked problem runs on `device` (the current device). */
 prnn_status_t plan(const prnn_problem_t *pb, bool backward, int device, GatedPlan *out) {

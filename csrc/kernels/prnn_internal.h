@@ -27,6 +27,10 @@ void prnn_clear_error(void);
  * GPUs without clusters, so that their path is testable on sm_90 too. */
 int prnn_cluster_tier_disabled(void);
 
+/* PRNN_GATED_FFMA=1: plan float32 LSTM and GRU layers on the float32 grid
+ * family (gated_ffma.cu), off by default until it has run on a GPU. */
+int prnn_gated_ffma_enabled(void);
+
 /* Size in bytes of one element of a dtype (0 for an invalid dtype). */
 size_t prnn_dtype_size(prnn_dtype_t dtype);
 

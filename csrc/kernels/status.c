@@ -62,6 +62,11 @@ int prnn_cluster_tier_disabled(void) {
   return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
+int prnn_gated_ffma_enabled(void) {
+  const char *v = getenv("PRNN_GATED_FFMA");
+  return v != NULL && strcmp(v, "1") == 0;
+}
+
 prnn_status_t prnn_fail(prnn_status_t status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
