@@ -321,6 +321,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--dtype", action="append", choices=sorted(DTYPES), help="only this dtype (repeatable)")
+    ap.add_argument("--batch", action="append", type=int, help="only this batch (repeatable)")
+    ap.add_argument("--hidden", action="append", type=int, help="only this hidden size (repeatable)")
     ap.add_argument("--diag", action="store_true", help="only the per-step / per-call breakdown")
     ap.add_argument("--host", metavar="DTYPE", help="only the host time of each piece of a module forward")
     ap.add_argument("--large", action="store_true", help="only the Elman cell's large layers, clusters on and off")
@@ -346,6 +349,8 @@ def main():
         grid = [(d, b, h) for d in DTYPES for b in (1, 2, 4, 8, 16, 32, 64) for h in (256, 512, 1024)]
     else:
         grid = [(d, b, h) for d in DTYPES for b in (1, 2, 4, 8, 16, 32, 64) for h in (256, 512, 1024, 1152, 2048)]
+    grid = [(d, b, h) for d, b, h in grid if (not args.dtype or d in args.dtype)
+            and (not args.batch or b in args.batch) and (not args.hidden or h in args.hidden)]
     passes = ("fwd",) if args.no_backward else ("fwd", "fwdbwd")
 
     floor = run_floor(args.floor)
@@ -368,7 +373,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     slug = device.replace(" ", "_")
     path = os.path.join(args.out, f"{slug}.json")
-    write_records(path, records, lambda r: r.get("cell") != CELLS[args.cell][3])  # other cells' records stay
+    cell, shapes = CELLS[args.cell][3], set(grid)  # the records of this run's shapes are replaced; the others stay
+    write_records(path, records, lambda r: r.get("cell") != cell or (r["dtype"], r["batch"], r["hidden"]) not in shapes)
     if args.cell == "rnn":
         with open(os.path.join(args.out, f"{slug}.extra.json"), "w") as f:
             json.dump({**meta, "floor": floor, "peak_training_bytes_B4_H1024_T256": memory}, f, indent=1)

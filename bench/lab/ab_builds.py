@@ -23,6 +23,9 @@ CASES = [("rnn", dt, B, H) for dt in ("float32", "bfloat16")
          for (B, H) in ((1, 1024), (4, 1024), (16, 1024), (4, 512), (4, 2048), (64, 256))]
 CASES += [(cell, dt, 4, 1024) for cell in ("lstm", "gru") for dt in ("float32", "bfloat16")]
 CASES += [(cell, "bfloat16", 4, 512) for cell in ("lstm", "gru")]
+# AB_CASES="cell:dtype:batch:hidden ..." runs those instead
+if os.environ.get("AB_CASES"):
+    CASES = [(c, d, int(b), int(h)) for c, d, b, h in (case.split(":") for case in os.environ["AB_CASES"].split())]
 MODULES = {"rnn": "PersistentRNN", "lstm": "PersistentLSTM", "gru": "PersistentGRU"}
 
 
