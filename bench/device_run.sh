@@ -2,7 +2,7 @@
 # Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [--results DIR] [stages...]
-#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall ffma (default: build test bench)
 #
 # Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
 # The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
@@ -158,6 +158,17 @@ for s in "${stages[@]}"; do
             "$LOG/probe_n$n.log" | sed 's/=========//' | tr '\n' ' ')"
         done
       done ;;
+    ffma) # the float32 gated grid family (opt-in: PRNN_GATED_FFMA=1): its tests, its timings, memcheck
+      stage ffmatest python3 -m pytest -q -rfs tests/test_gated_ops.py -k ffma_family
+      tail -5 "$LOG/ffmatest.log"
+      for c in lstm gru; do
+        stage ffma_$c env PRNN_GATED_FFMA=1 python3 bench/bench.py --cell $c --dtype float32 --batch 1 --batch 4 \
+          --batch 8 --out "$results/ffma"
+        tail -10 "$LOG/ffma_$c.log"
+      done
+      stage ffma_memcheck env PRNN_GATED_FFMA=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 bench/sanitize_cases.py gated
+      grep -E "ERROR SUMMARY" "$LOG/ffma_memcheck.log" | tail -1 ;;
     *) echo "unknown stage $s"; status=1 ;;
   esac
 done
