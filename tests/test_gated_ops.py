@@ -762,9 +762,12 @@ def test_ffma_family_cuda(cell, monkeypatch):
     fit at once, a CTA an SM (8 units a CTA); planned with PRNN_GATED_FFMA=1
     (off by default until it has run on a GPU)."""
     monkeypatch.setenv("PRNN_GATED_FFMA", "1")  # the gated planner reads it at each plan
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # the backward's largest kernels (8 sequences, K = 4096) need 130 KiB of shared memory a CTA
+    backward_fits = getattr(props, "shared_memory_per_block_optin", 0) >= 134 * 1024
     check_grid_family(cell, torch.float32, FFMA_CASES,
-                      lambda H, B, backward: -(-H // 8) * -(-B // 8) <= sms, monkeypatch)
+                      lambda H, B, backward: -(-H // 8) * -(-B // 8) <= props.multi_processor_count
+                      and (backward_fits or not backward), monkeypatch)
 
 
 def check_grid_family(cell, dtype, cases, family_takes, monkeypatch):
