@@ -82,8 +82,17 @@ struct FfmaPlace {
   }
 };
 
+/* src[offset] where ok, else 0, the load issued either way (from src[0]), so
+ * that a loop of them has no branch to keep the loads from being in flight
+ * together. */
+__device__ __forceinline__ float masked_load(const float *src, int64_t offset, bool ok) {
+  const float v = __ldg(src + (ok ? offset : 0));
+  return ok ? v : 0.f;
+}
+
 /* This lane's values of A: a[i][4 j + e] = A[rl + i R / 2][w KW + 4 (PL j +
- * part) + e], from value(row, column) (zero outside A), staged through
+ * part) + e], from value(row, column) (zero outside A, read without a
+ * branch: see masked_load), staged through
  * shared memory half of A at a time, so that each lane reads its values
  * 16 bytes at a time from one base (loads straight from memory, each with
  * its own bounds, spill on sm_80). The staging reads consecutive columns of
@@ -97,7 +106,11 @@ __device__ __forceinline__ void load_rows(float (&a)[2][KL], float *stage, int t
   const float *src = stage + (live ? rl : 0) * PITCH + warp * Sh::kSliceWidth + 4 * part;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    for (int idx = tid; idx < RL * KEXT; idx += kThreads) {
+    /* a fixed trip count, unrolled, with branch-free loads: 16 a thread in flight, not a chain of round trips */
+    static_assert(RL * KEXT % kThreads == 0, "whole rounds of the staging");
+#pragma unroll 16
+    for (int it = 0; it < RL * KEXT / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
       const int r = Sh::kBackward ? idx % RL : idx / KEXT, k = Sh::kBackward ? idx / RL : idx % KEXT;
       stage[r * PITCH + k] = value(r + i * RL, k);
     }
@@ -216,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   const float *w_hh = static_cast<const float *>(p.w_hh);
   load_rows<Sh, KL>(a, smem, tid, [&](int row, int k) {
     const int u = u0 + row % U;
-    return u < H && k < H ? __ldg(w_hh + (int64_t)(row / U * H + u) * p.w_hh_stride + k) : 0.f;
+    return masked_load(w_hh, (int64_t)(row / U * H + u) * p.w_hh_stride + k, u < H && k < H);
   });
   const float *h0 = static_cast<const float *>(p.h0);
   for (int i = tid; i < S * KEXT; i += kThreads) {
@@ -292,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_backward(const GatedPa
   const float *w_hh = static_cast<const float *>(p.w_hh);
   load_rows<Sh, KL>(a, smem, tid, [&](int ul, int k) {
     const int g = k / Hp, v = k % Hp, u = u0 + ul;
-    return g < G && v < H && u < H ? __ldg(w_hh + (int64_t)(g * H + v) * p.w_hh_stride + u) : 0.f;
+    return masked_load(w_hh, (int64_t)(g * H + v) * p.w_hh_stride + u, g < G && v < H && u < H);
   });
   for (int i = tid; i < S * Sh::kExtent; i += kThreads) state[i] = 0.f;
   __syncthreads();
