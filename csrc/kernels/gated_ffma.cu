@@ -40,6 +40,7 @@
 #include "cuda_status.cuh"
 #include "exchange.cuh"
 #include "gated_family.cuh"
+#include "staging.cuh"
 
 namespace prnn {
 namespace {
@@ -82,17 +83,9 @@ struct FfmaPlace {
   }
 };
 
-/* src[offset] where ok, else 0, the load issued either way (from src[0]), so
- * that a loop of them has no branch to keep the loads from being in flight
- * together. */
-__device__ __forceinline__ float masked_load(const float *src, int64_t offset, bool ok) {
-  const float v = __ldg(src + (ok ? offset : 0));
-  return ok ? v : 0.f;
-}
-
 /* This lane's values of A: a[i][4 j + e] = A[rl + i R / 2][w KW + 4 (PL j +
  * part) + e], from value(row, column) (zero outside A, read without a
- * branch: see masked_load), staged through
+ * branch: masked_load), staged through
  * shared memory half of A at a time, so that each lane reads its values
  * 16 bytes at a time from one base (loads straight from memory, each with
  * its own bounds, spill on sm_80). The staging reads consecutive columns of
@@ -106,14 +99,12 @@ __device__ __forceinline__ void load_rows(float (&a)[2][KL], float *stage, int t
   const float *src = stage + (live ? rl : 0) * PITCH + warp * Sh::kSliceWidth + 4 * part;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    /* a fixed trip count, unrolled, with branch-free loads: 16 a thread in flight, not a chain of round trips */
-    static_assert(RL * KEXT % kThreads == 0, "whole rounds of the staging");
-#pragma unroll 16
-    for (int it = 0; it < RL * KEXT / kThreads; ++it) {
-      const int idx = tid + it * kThreads;
-      const int r = Sh::kBackward ? idx % RL : idx / KEXT, k = Sh::kBackward ? idx / RL : idx % KEXT;
-      stage[r * PITCH + k] = value(r + i * RL, k);
-    }
+    batched_copy<kThreads, 16>(RL * KEXT, tid, [&](int idx) {
+      idx = min(idx, RL * KEXT - 1); /* a last round's loads past the half read its last value, not stored */
+      return value((Sh::kBackward ? idx % RL : idx / KEXT) + i * RL, Sh::kBackward ? idx / RL : idx % KEXT);
+    }, [&](int idx, float v) {
+      stage[Sh::kBackward ? idx % RL * PITCH + idx / RL : idx / KEXT * PITCH + idx % KEXT] = v;
+    });
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < KL / 4; ++j) {
@@ -232,10 +223,10 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
     return masked_load(w_hh, (int64_t)(row / U * H + u) * p.w_hh_stride + k, u < H && k < H);
   });
   const float *h0 = static_cast<const float *>(p.h0);
-  for (int i = tid; i < S * KEXT; i += kThreads) {
+  batched_copy<kThreads, 8>(S * KEXT, tid, [&](int i) {
     const int n = i / KEXT, k = i % KEXT;
-    state[i] = n < live && k < H ? h0[(int64_t)(seq0 + n) * p.h0_stride_b + k] : 0.f;
-  }
+    return masked_load(h0, (int64_t)(seq0 + n) * p.h0_stride_b + k, n < live && k < H);
+  }, [&](int i, float v) { state[i] = v; });
   __syncthreads();
 
   /* This thread's unit: sequence b = seq0 + n, unit u = u0 + ul; padding units publish zeros. */

@@ -18,6 +18,7 @@
 #include "dsmem.cuh" /* the 16-bit bit patterns */
 #include "gated_unit.cuh"
 #include "mma.cuh"
+#include "staging.cuh"
 
 namespace prnn {
 
@@ -89,31 +90,38 @@ __device__ __forceinline__ void load_fragments(const unsigned short *stage, int 
 
 /* The fragments of a forward's A: the G gate rows of units [u0, u0 + U),
  * local row g U + ul = W_hh row g H + u0 + ul (zero past H), staged through
- * `stage` as 16-byte chunks along k. Ends with the staging area free. */
+ * `stage` as 16-byte chunks along k (one 16-byte load each where W_hh's rows
+ * are 16-byte aligned and H a multiple of 8). Ends with the staging area free. */
 template <class S, typename E, int U>
 __device__ __forceinline__ void load_gate_rows(const GatedParams &p, int u0, unsigned short *stage, int tid,
                                                uint32_t (&a)[S::kMTiles][S::kKTiles][4]) {
-  const int H = p.hidden, KEXT = S::kKExtent;
-  const E *w_hh = static_cast<const E *>(p.w_hh);
-  const bool wide = p.w_hh_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(w_hh) & 15) == 0;
-  const int chunks = 16 * S::kMTiles * (KEXT / 8);
-#pragma unroll 4
-  for (int c = tid; c < chunks; c += kMmaThreads) {
-    const int r = c / (KEXT / 8), k = (c % (KEXT / 8)) * 8;
-    const int gate = r / U, ul = r % U;
-    const bool row_live = r < S::kRows && u0 + ul < H;
-    const E *src = w_hh + (int64_t)(gate * H + u0 + ul) * p.w_hh_stride + k;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row_live && wide && k + 8 <= H) {
-      v = __ldg(reinterpret_cast<const uint4 *>(src));
-    } else if (row_live) {
-      uint32_t w[4] = {0, 0, 0, 0};
+  const int H = p.hidden, KEXT = S::kKExtent, CHUNKS = 16 * S::kMTiles * (KEXT / 8);
+  const unsigned short *w_hh = static_cast<const unsigned short *>(p.w_hh);
+  const bool wide = p.w_hh_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(w_hh) & 15) == 0 && H % 8 == 0;
+  auto row_of = [&](int c) { /* W_hh's row of chunk c, or -1 (a zero chunk) */
+    const int r = c / (KEXT / 8), ul = r % U;
+    return r < S::kRows && u0 + ul < H ? r / U * H + u0 + ul : -1;
+  };
+  auto store = [&](int c, uint4 v) {
+    *reinterpret_cast<uint4 *>(stage + c / (KEXT / 8) * S::kStatePitch + c % (KEXT / 8) * 8) = v;
+  };
+  if (wide) {
+    batched_copy<kMmaThreads, 8>(CHUNKS, tid, [&](int c) {
+      const int row = row_of(c), k = c % (KEXT / 8) * 8;
+      return masked_load(reinterpret_cast<const uint4 *>(w_hh), ((int64_t)row * p.w_hh_stride + k) / 8,
+                         c < CHUNKS && row >= 0 && k < H);
+    }, store);
+  } else {
+    batched_copy<kMmaThreads, 2>(CHUNKS, tid, [&](int c) {
+      const int row = row_of(c), k = c % (KEXT / 8) * 8;
+      const bool live = c < CHUNKS && row >= 0;
+      uint32_t w[4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (k + j < H) w[j / 2] |= bits16(src[j]) << (16 * (j & 1));
-      v = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    *reinterpret_cast<uint4 *>(stage + r * S::kStatePitch + k) = v;
+      for (int j = 0; j < 8; j += 2)
+        w[j / 2] = masked_load(w_hh, (int64_t)row * p.w_hh_stride + k + j, live && k + j < H) |
+                   (uint32_t)masked_load(w_hh, (int64_t)row * p.w_hh_stride + k + j + 1, live && k + j + 1 < H) << 16;
+      return make_uint4(w[0], w[1], w[2], w[3]);
+    }, store);
   }
   __syncthreads();
   load_fragments<S>(stage, tid >> 5, tid & 31, a);
@@ -131,12 +139,14 @@ __device__ __forceinline__ void load_unit_columns(const GatedParams &p, int u0, 
   for (int i = tid; i < 16 * S::kMTiles * SPITCH / 8; i += kMmaThreads)
     reinterpret_cast<uint4 *>(stage)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
-  const E *w_hh = static_cast<const E *>(p.w_hh);
-  const int units = min(U, max(H - u0, 0));
-  for (int i = tid; i < G * H * units; i += kMmaThreads) {
-    const int row = i / units, ul = i % units, g = row / H, v = row % H;
-    stage[ul * SPITCH + g * Hp + v] = (unsigned short)bits16(w_hh[(int64_t)row * p.w_hh_stride + u0 + ul]);
-  }
+  const unsigned short *w_hh = static_cast<const unsigned short *>(p.w_hh);
+  const int units = min(U, max(H - u0, 0)), n = G * H * units;
+  batched_copy<kMmaThreads, 8>(n, tid, [&](int i) {
+    return masked_load(w_hh, (int64_t)(i / units) * p.w_hh_stride + u0 + i % units, i < n);
+  }, [&](int i, unsigned short v) {
+    const int row = i / units, ul = i % units;
+    stage[ul * SPITCH + row / H * Hp + row % H] = v;
+  });
   __syncthreads();
   load_fragments<S>(stage, tid >> 5, tid & 31, a);
   __syncthreads();
@@ -147,12 +157,11 @@ __device__ __forceinline__ void load_unit_columns(const GatedParams &p, int u0, 
 template <class S, typename E>
 __device__ __forceinline__ void load_initial_state(const GatedParams &p, unsigned short *state, int seq0, int live,
                                                    int tid) {
-  const E *h0 = static_cast<const E *>(p.h0);
-  const int H = p.hidden;
-  for (int i = tid; i < live * H; i += kMmaThreads) {
-    const int n = i / H, k = i % H;
-    state[n * S::kStatePitch + k] = (unsigned short)bits16(h0[(size_t)(seq0 + n) * p.h0_stride_b + k]);
-  }
+  const unsigned short *h0 = static_cast<const unsigned short *>(p.h0);
+  const int H = p.hidden, n = live * H;
+  batched_copy<kMmaThreads, 8>(n, tid, [&](int i) {
+    return masked_load(h0, (int64_t)(seq0 + i / H) * p.h0_stride_b + i % H, i < n);
+  }, [&](int i, unsigned short v) { state[i / H * S::kStatePitch + i % H] = v; });
 }
 
 /* A times the state buffer `buffer` (8 sequences) over this warp's K slice,
