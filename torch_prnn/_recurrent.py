@@ -20,6 +20,8 @@ from . import _crossover, _short
 
 # Rows of W_ih and W_hh per hidden unit, by nn.RNNBase's mode.
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+# nn's module of a gated mode (nn.RNN's modes are RNN_TANH and RNN_RELU).
+_NN_NAMES = {"LSTM": "LSTM", "GRU": "GRU"}
 
 
 class FlatWeights:
@@ -247,8 +249,8 @@ class PersistentRNNBase(FlatWeights, nn.Module):
         if computed:
             raise RuntimeError(
                 f"torch.jit.script: {type(self).__name__} weights {computed} are computed (weight_norm "
-                f"or another parametrization), which TorchScript does not support (nor for nn.{self.mode}); "
-                "torch.compile and torch.export do"
+                f"or another parametrization), which TorchScript does not support (nor for "
+                f"nn.{_NN_NAMES.get(self.mode, 'RNN')}); torch.compile and torch.export do"
             )
         self._update_flat_weights()  # assigned elements kept, as nn's scripting keeps them
         return self

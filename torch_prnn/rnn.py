@@ -103,19 +103,6 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                          _flat_weights_names=names)
         super().__setstate__(state)
 
-    def __prepare_scriptable__(self) -> "PersistentRNN":
-        # torch.jit.script calls this first. The scripted forward reads the
-        # weights from _flat_weights, which cannot follow a computed weight.
-        computed = [name for name in self._flat_weights_names if name not in self._parameters]
-        if computed:
-            raise RuntimeError(
-                f"torch.jit.script: PersistentRNN weights {computed} are computed (weight_norm or "
-                "another parametrization), which TorchScript does not support (nor for nn.RNN); "
-                "torch.compile and torch.export do"
-            )
-        self._update_flat_weights()  # assigned elements kept, as nn's scripting keeps them
-        return self
-
     def reset_parameters(self) -> None:
         # nn.RNN's init, parameter by parameter in the same order: the same seed
         # gives the same weights as nn.RNN.
@@ -147,18 +134,6 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         _recurrent.copy_requires_grad(rnn, module)
         return module.train(rnn.training)
 
-    @property
-    def all_weights(self) -> list[list[nn.Parameter]]:
-        return [[getattr(self, name) for name in names] for names in self._all_weights]
-
-    def flatten_parameters(self) -> None:
-        """As nn.RNN's: on CUDA, the parameters become views of one buffer in
-        cuDNN's layout, which the calls handed to cuDNN (large batches,
-        torch_prnn/_crossover.py) take as they are; the persistent kernels
-        take each weight where it is. bfloat16 too, which nn's leaves as
-        it is (_crossover.flatten_parameters)."""
-        _crossover.flatten_parameters(self)
-
     def _activation(self) -> str:
         """The activation forward computes: nn.RNN's forward reads it from
         mode (nonlinearity only sets mode at construction)."""
@@ -174,19 +149,11 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
         [T, B, I] time-major, or the packed data with its batch_sizes."""
         return _crossover.run_torch(self, x, batch_sizes, hx, self._flat_weights)
 
-    def extra_repr(self) -> str:
-        s = "{input_size}, {hidden_size}"
-        if self.num_layers != 1:
-            s += ", num_layers={num_layers}"
-        if self.bias is not True:
-            s += ", bias={bias}"
-        if self.batch_first is not False:
-            s += ", batch_first={batch_first}"
-        if self.dropout != 0:
-            s += ", dropout={dropout}"
-        if self.bidirectional is not False:
-            s += ", bidirectional={bidirectional}"
-        return s.format(**self.__dict__)
+    # As the gated modules' (torch_prnn/_recurrent.py): the same attributes, nn.RNNBase's.
+    all_weights = _recurrent.PersistentRNNBase.all_weights
+    flatten_parameters = _recurrent.PersistentRNNBase.flatten_parameters
+    __prepare_scriptable__ = _recurrent.PersistentRNNBase.__prepare_scriptable__
+    extra_repr = _recurrent.PersistentRNNBase.extra_repr
 
     # TorchScript compiles forward once per input type, as it does nn.RNN's.
     @overload
