@@ -2,7 +2,7 @@
 # Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [--results DIR] [stages...]
-#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall ffma (default: build test bench)
+#   stages: build test (TEST_ARGS) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall ffma abold (default: build test bench)
 #
 # Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
 # The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
@@ -158,9 +158,14 @@ for s in "${stages[@]}"; do
             "$LOG/probe_n$n.log" | sed 's/=========//' | tr '\n' ' ')"
         done
       done ;;
-    ffma) # the float32 gated grid family (opt-in: PRNN_GATED_FFMA=1): its tests, its timings, memcheck
+    ffma) # the float32 gated grid family (opt-in: PRNN_GATED_FFMA=1): its tests, it against the persistent family, its timings, memcheck
       stage ffmatest python3 -m pytest -q -rfs tests/test_gated_ops.py -k ffma_family
       tail -5 "$LOG/ffmatest.log"
+      export AB_CASES="lstm:float32:4:1024 gru:float32:4:1024 lstm:float32:1:256 lstm:float32:8:512 gru:float32:1:512"
+      stage ab_persistent python3 bench/lab/ab_builds.py persistent "$results/ffma"
+      stage ab_ffma env PRNN_GATED_FFMA=1 python3 bench/lab/ab_builds.py ffma "$results/ffma"
+      grep -h -E "^(persistent|ffma) " "$LOG/ab_persistent.log" "$LOG/ab_ffma.log" | sort -k2,6 -s
+      unset AB_CASES
       for c in lstm gru; do
         stage ffma_$c env PRNN_GATED_FFMA=1 python3 bench/bench.py --cell $c --dtype float32 --batch 1 --batch 4 \
           --batch 8 --out "$results/ffma"
@@ -169,6 +174,18 @@ for s in "${stages[@]}"; do
       stage ffma_memcheck env PRNN_GATED_FFMA=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 bench/sanitize_cases.py gated
       grep -E "ERROR SUMMARY" "$LOG/ffma_memcheck.log" | tail -1 ;;
+    abold) # this build against an older commit's, built here from OLD_TREE (its sources:
+      # git archive REV csrc torch_prnn setup.py | tar -x -C build/old), at T = AB_STEPS (default "16 256")
+      old_log=$(cd "$LOG" && pwd)/build_old.log old_tree=$(cd "${OLD_TREE:-build/old}" && pwd)
+      if (cd "$old_tree" && python3 setup.py build_ext --inplace >"$old_log" 2>&1); then
+        for T in ${AB_STEPS:-16 256}; do
+          stage ab_old_$T env AB_STEPS=$T PYTHONPATH="$old_tree" python3 bench/lab/ab_builds.py old "$results/ab"
+          stage ab_new_$T env AB_STEPS=$T python3 bench/lab/ab_builds.py new "$results/ab"
+          grep -h -E "^(old|new) " "$LOG/ab_old_$T.log" "$LOG/ab_new_$T.log" | sort -k2,6 -s
+        done
+      else
+        echo "the old tree did not build: $LOG/build_old.log"; status=1
+      fi ;;
     *) echo "unknown stage $s"; status=1 ;;
   esac
 done
