@@ -1,7 +1,7 @@
 """Two builds side by side (bench/NOTES.md step 63): module calls of the
-torch_prnn on PYTHONPATH, µs a step at T = 256 - eager forward under no_grad,
+torch_prnn on PYTHONPATH, µs a step at T = 256 (AB_STEPS sets T) - eager forward under no_grad,
 the same forward replayed in a CUDA graph, eager forward+backward - with the
-hand-over off (AB_STEPS sets T). Timed with this checkout's bench.py, so an old checkout's
+hand-over off. Timed with this checkout's bench.py, so an old checkout's
 build can run it; run it once a build, in alternating processes:
 
     PYTHONPATH=/path/to/old python3 bench/lab/ab_builds.py old OUTDIR
@@ -51,7 +51,7 @@ def main():
         us = [1000 * median_ms(fn, n) / T for fn, n in ((forward, 30), (replay, 30), (training, 15))]
         name = f"{cell} {dtype_name} B={batch} H={hidden} T={T}"
         rows[name] = us
-        print(f"{tag} {name:28} fwd {us[0]:6.2f} graph {us[1]:6.2f} f+b {us[2]:6.2f}", flush=True)
+        print(f"{tag} {name:34} fwd {us[0]:6.2f} graph {us[1]:6.2f} f+b {us[2]:6.2f}", flush=True)
     with open(os.path.join(out, f"ab_{tag}_T{T}.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
