@@ -27,7 +27,8 @@ build/test_cpu_reference: tests/c/test_cpu_reference.c csrc/kernels/status.c \
 	@mkdir -p build
 	$(CC) $(CFLAGS_TEST) -o $@ $(filter %.c,$^) -lm
 
-build/test_resident_host: tests/c/test_resident_host.c csrc/kernels/resident_host.c csrc/kernels/prnn.h
+build/test_resident_host: tests/c/test_resident_host.c csrc/kernels/resident_host.c csrc/kernels/status.c \
+                          csrc/kernels/prnn.h csrc/kernels/prnn_internal.h
 	@mkdir -p build
 	$(CC) $(CFLAGS_TEST) -o $@ $(filter %.c,$^)
 

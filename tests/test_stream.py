@@ -1088,6 +1088,53 @@ def test_cuda_interpreter_exit_ends_the_kernel():
     assert rc == 0 and "open" in out, out
 
 
+BESIDE_A_STREAM = """
+import torch, torch_prnn
+torch.manual_seed(0)
+side = torch.cuda.Stream()
+held = torch_prnn.PersistentRNN(16, 1024, device="cuda").eval()  # the stream's module: most of the SMs
+cases = []
+for cls in (torch_prnn.PersistentRNN, torch_prnn.PersistentLSTM, torch_prnn.PersistentGRU):
+    module = cls(48, 256, device="cuda").eval()
+    x = torch.randn(64, 4, 48, device="cuda")
+    with torch.no_grad():
+        alone = module(x)[0]  # a persistent tier; the input projection's GEMM loaded
+    cases.append((cls.__name__, module, x, alone))
+tier_alone = torch_prnn.plan(256, batch=4, steps=64, device="cuda")["tier"]
+with torch_prnn.Stream(held) as stream:
+    tier_beside = torch_prnn.plan(256, batch=4, steps=64, device="cuda")["tier"]
+    beside = []
+    with torch.cuda.stream(side), torch.no_grad():
+        for name, module, x, _ in cases:
+            beside.append(module(x)[0])
+    side.synchronize()  # a persistent launch would wait here for the SMs the stream holds
+    y = stream.step(torch.zeros(1, 16))
+print("tiers", tier_alone, tier_beside, "sms", stream.sms)
+assert tier_alone != "stepwise" and tier_beside == "stepwise", (tier_alone, tier_beside)
+for (name, _, _, alone), got in zip(cases, beside):
+    err = (got - alone).abs().max().item()
+    print(name, "max difference", err)
+    assert err < 2e-5, (name, err)
+print("beside: ok")
+"""
+
+
+@cuda_test(120)
+@pytest.mark.hang_guard(90)
+def test_cuda_layers_run_beside_an_open_stream():
+    """While a stream holds SMs, torch_prnn's layers on the device plan the
+    tiers of plain launches (a persistent launch would wait for SMs the
+    stream never frees), whose kernels the stream loaded as it opened: a
+    PersistentRNN, PersistentLSTM and PersistentGRU forward on another CUDA
+    stream finish beside a stream that holds most SMs, under lazy loading,
+    and match their results before it opened (another tier: float32
+    rounding). The input projection runs as a GEMM both times
+    (PRNN_FUSED_PROJECTION=0), so that no kernel is first loaded beside it."""
+    rc, out = run_python(["-c", BESIDE_A_STREAM], timeout=SUBPROCESS_TIMEOUT,
+                         env_extra={"PRNN_FUSED_PROJECTION": "0", "CUDA_MODULE_LOADING": "LAZY"})
+    assert rc == 0 and "beside: ok" in out, out
+
+
 @cuda_test(120)
 @pytest.mark.hang_guard(60)
 def test_cuda_warmed_up_kernels_run_beside_an_open_stream():
@@ -1095,8 +1142,7 @@ def test_cuda_warmed_up_kernels_run_beside_an_open_stream():
     and that load waits for the device to be idle: never, while a stream is
     open. Kernels launched once before the stream opens (here a GEMM and an
     elementwise op, as the README tells users to warm them up) run beside it,
-    on another CUDA stream. (A warmed-up PersistentRNN forward beside an open
-    stream did not finish on an H200: documented as a limit, not tested.)"""
+    on another CUDA stream (torch_prnn's own layers: the test above)."""
     m = torch_prnn.PersistentRNN(16, 256, device="cuda")
     a = torch.randn(512, 512).cuda()
     side = torch.cuda.Stream()

@@ -65,10 +65,12 @@ class Stream:
 
     The kernel holds only the SMs its CTAs need (:attr:`sms`); other kernels
     keep running on the GPU beside it, but a launch that needs more SMs at
-    once than are free (PersistentRNN's persistent tiers, other cooperative or
-    cluster kernels) waits for them: leave room with ``max_sms``. Opening a
-    stream that does not fit beside the open ones of this process raises
-    before launching. While a stream is open,
+    once than are free (other cooperative or cluster kernels) waits for them:
+    leave room with ``max_sms``. torch_prnn's own layers on the device run on
+    their tiers of plain launches while a stream is open (one or a few
+    launches a step, slower than the persistent tiers, which would wait for
+    the SMs the stream holds). Opening a stream that does not fit beside the
+    open ones of this process raises before launching. While a stream is open,
     device-wide synchronisation waits for it, since its kernel only ends when
     the stream closes: ``torch.cuda.synchronize()``,
     ``torch.cuda.empty_cache()`` (and anything else that calls
@@ -79,10 +81,10 @@ class Stream:
     yet in the process (a torch op on a new dtype or shape, a module's first
     forward) hangs beside an open stream. Run what will run beside a stream
     once before opening it, or set ``CUDA_MODULE_LOADING=EAGER`` before CUDA
-    initialises. torch_prnn's own modules are not among what runs beside a
-    stream: a warmed-up PersistentRNN forward on another CUDA stream did not
-    finish on an H200 while a stream was open (not understood yet); close the
-    stream first. The stream itself launches nothing while it is open: GPU
+    initialises. Opening loads the kernels of torch_prnn's plain tiers; what
+    runs around them must have run once: a layer whose input projection ran
+    inside its persistent kernel runs it as a GEMM beside a stream. The
+    stream itself launches nothing while it is open: GPU
     tensors in and out of its methods move by plain copies. Closing (:meth:`close`, leaving a ``with``
     block, garbage collection or interpreter exit) ends the kernel. Inference
     only: no autograd.

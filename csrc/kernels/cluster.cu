@@ -54,6 +54,6 @@ prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
 
 }  // namespace
 
-extern const ElmanFamily cluster_family = {take, launch_cluster_tier, true};
+extern const ElmanFamily cluster_family = {take, launch_cluster_tier, true, true};
 
 }  // namespace prnn

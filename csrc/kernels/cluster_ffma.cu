@@ -46,6 +46,6 @@ prnn_status_t take(const ElmanRequest &request, ElmanPlan *plan, bool *taken) {
 
 }  // namespace
 
-extern const ElmanFamily cluster_ffma_family = {take, launch_cluster_tier, true};
+extern const ElmanFamily cluster_ffma_family = {take, launch_cluster_tier, true, true};
 
 }  // namespace prnn

@@ -90,6 +90,6 @@ prnn_status_t launch(const ElmanPlan &plan, const prnn_problem_t *, RecurrencePa
 
 }  // namespace
 
-extern const ElmanFamily cluster_grid_family = {take, launch, false};
+extern const ElmanFamily cluster_grid_family = {take, launch, false, true};
 
 }  // namespace prnn

@@ -36,6 +36,13 @@ int fused_projection_override() {
 
 }  // namespace
 
+prnn_status_t prnn::load_plain_kernels() {
+  prnn_status_t st = load_stepwise_kernels();
+  if (st == PRNN_STATUS_SUCCESS) st = load_gated_stepwise_kernels();
+  if (st == PRNN_STATUS_SUCCESS) st = load_few_steps_kernels();
+  return st;
+}
+
 /* Every planner's (device_info.cuh). */
 prnn_status_t prnn::device_info(int device, DeviceInfo *info) {
   if (device < 0 || device >= kMaxDevices)
@@ -59,6 +66,7 @@ prnn_status_t prnn::device_info(int device, DeviceInfo *info) {
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
   }
   *info = *d;
+  info->resident_sms = prnn_resident_held_sms(device);
   return PRNN_STATUS_SUCCESS;
 }
 
@@ -78,6 +86,7 @@ prnn_status_t elman_device(int device, ElmanDevice *info) {
     __atomic_store_n(&d->knobs_ready, 1, __ATOMIC_RELEASE);
   }
   *info = *d;
+  info->resident_sms = attributes.resident_sms;
   return PRNN_STATUS_SUCCESS;
 }
 

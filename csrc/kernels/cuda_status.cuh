@@ -6,6 +6,8 @@
 #ifndef PRNN_CUDA_STATUS_CUH
 #define PRNN_CUDA_STATUS_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -52,6 +54,31 @@ inline prnn_status_t remember_capacity(int *known, cudaError_t err, int count, c
   *out = err == cudaSuccess && count >= 1 ? count : -1;
   __atomic_store_n(known, *out, __ATOMIC_RELEASE);
   return PRNN_STATUS_SUCCESS;
+}
+
+/* Loads `kernels` now, each on the current device: under lazy loading (CUDA's
+ * default) a kernel is loaded at its first launch, and loading waits for the
+ * device to idle, which it never does beside a resident kernel. */
+template <class... Kernels>
+prnn_status_t load_kernels(Kernels... kernels) {
+  const void *const list[] = {reinterpret_cast<const void *>(kernels)...};
+  for (const void *kernel : list) {
+    cudaFuncAttributes attributes;
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaFuncGetAttributes (loading a kernel)");
+  }
+  return PRNN_STATUS_SUCCESS;
+}
+
+/* f(E()) for each element type E of the C API's dtypes, in order; the first
+ * failure is returned. */
+template <class F>
+prnn_status_t for_each_element_type(F f) {
+  prnn_status_t st = f(float());
+  if (st == PRNN_STATUS_SUCCESS) st = f(double());
+  if (st == PRNN_STATUS_SUCCESS) st = f(__half());
+  if (st == PRNN_STATUS_SUCCESS) st = f(__nv_bfloat16());
+  return st;
 }
 
 /* The persistent families' launch: the workspace zeroed on the stream (their

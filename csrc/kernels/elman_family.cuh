@@ -67,6 +67,7 @@ struct ElmanFamily {
   prnn_status_t (*launch)(const ElmanPlan &plan, const prnn_problem_t *problem, RecurrenceParams params,
                           InputProjection proj, void *workspace, cudaStream_t stream);
   bool fuses_projection;   /* can take a layer with its input projection (input > 0) */
+  bool all_resident;       /* its CTAs wait for each other: all must be resident at once */
 };
 
 /* The families, each in the file of its kernels: cluster.cu (tensor cores,

@@ -241,6 +241,16 @@ prnn_status_t few_steps_layer(const prnn_problem_t *pb, const prnn_layer_args_t 
   return prnn_fail(PRNN_STATUS_BAD_PARAM, "cell %d", (int)pb->cell);
 }
 
+prnn_status_t load_few_steps_kernels() {
+  return for_each_element_type([](auto element) {
+    using E = decltype(element);
+    const int V = 16 / sizeof(E);
+    return load_kernels(few_steps_kernel<ElmanCell, E, 1>, few_steps_kernel<ElmanCell, E, V>,
+                        few_steps_kernel<LstmCell, E, 1>, few_steps_kernel<LstmCell, E, V>,
+                        few_steps_kernel<GruCell, E, 1>, few_steps_kernel<GruCell, E, V>, final_state_kernel<E>);
+  });
+}
+
 prnn_status_t launch_final_state(const prnn_problem_t *pb, const RecurrenceParams &params, void *h_n,
                                  cudaStream_t stream) {
   switch (pb->dtype) {

@@ -722,8 +722,19 @@ prnn_status_t launch_persistent(const GatedPlan &plan, const prnn_problem_t *, b
 
 }  // namespace
 
-extern const GatedFamily gated_persistent_family = {take_persistent, launch_persistent};
-extern const GatedFamily gated_stepwise_family = {take_stepwise, launch_stepwise};
+extern const GatedFamily gated_persistent_family = {take_persistent, launch_persistent, true};
+
+prnn_status_t load_gated_stepwise_kernels() {
+  return for_each_element_type([](auto element) {
+    using E = decltype(element);
+    using A = typename AccumOf<E>::type;
+    return load_kernels(matvec_kernel<E, A>, transpose_kernel<E>, forward_init_kernel<E, A>,
+                        forward_cell_kernel<LstmCell, E, A>, forward_cell_kernel<GruCell, E, A>,
+                        forward_project_kernel<E, A>, backward_init_kernel<E, A>, backward_state_kernel<E, A>,
+                        backward_cell_kernel<LstmCell, E, A>, backward_cell_kernel<GruCell, E, A>);
+  });
+}
+extern const GatedFamily gated_stepwise_family = {take_stepwise, launch_stepwise, false};
 
 namespace {
 

@@ -329,6 +329,6 @@ prnn_status_t launch(const GatedPlan &plan, const prnn_problem_t *, bool, GatedP
 
 }  // namespace
 
-extern const GatedFamily gated_cluster_family = {take, launch};
+extern const GatedFamily gated_cluster_family = {take, launch, true};
 
 }  // namespace prnn

@@ -55,6 +55,7 @@ struct GatedFamily {
    * against it; params as the entry point filled them. */
   prnn_status_t (*launch)(const GatedPlan &plan, const prnn_problem_t *problem, bool backward, GatedParams params,
                           void *workspace, cudaStream_t stream);
+  bool all_resident;       /* its CTAs wait for each other: all must be resident at once */
 };
 
 /* The launch of the grid families (gated_grid.cu, gated_ffma.cu), whose

@@ -433,6 +433,6 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
 
 }  // namespace
 
-extern const GatedFamily gated_ffma_family = {take, launch_grouped_words};
+extern const GatedFamily gated_ffma_family = {take, launch_grouped_words, true};
 
 }  // namespace prnn

@@ -491,7 +491,10 @@ prnn_status_t prnn_resident_plan_cuda(const prnn_resident_problem_t *problem, in
  * (asynchronous; use a stream of its own, created non-blocking, so that work
  * on the legacy default stream does not wait for it). The kernel sets
  * mailbox->ready once it holds the weights, then runs commands until a STOP.
- * The mailbox must have been initialised by prnn_resident_mailbox_init. */
+ * The mailbox must have been initialised by prnn_resident_mailbox_init.
+ * First it loads the kernels of the tiers the layer planners choose beside a
+ * resident kernel (prnn_resident_hold_sms): under CUDA's lazy loading a
+ * kernel's first launch would otherwise wait for the device to idle. */
 prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem,
                                         const prnn_resident_args_t *args, void *workspace,
                                         size_t workspace_bytes, prnn_stream_t stream);
@@ -516,6 +519,21 @@ uint32_t prnn_resident_post(prnn_resident_mailbox_t *mailbox, prnn_resident_comm
 int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int ctas, int64_t timeout_ns);
 /* Nonzero once the kernel reported ready. */
 int prnn_resident_is_ready(const prnn_resident_mailbox_t *mailbox);
+
+/* Devices the counts below cover: [0, PRNN_MAX_DEVICES). */
+#define PRNN_MAX_DEVICES 64
+
+/* The SMs of `device` that this process's resident kernels hold, as their
+ * caller counts them: delta = plan.grid before the launch, -plan.grid once
+ * the kernel has ended (or did not launch). While any are held, the layer
+ * planners (prnn_plan_cuda, prnn_plan_layer_cuda, the gated cells') choose
+ * only tiers of plain launches (few-steps, stepwise): a persistent launch
+ * needs all its CTAs resident at once, and beside a resident kernel it could
+ * wait for SMs that never free. PRNN_STATUS_BAD_PARAM for a device out of
+ * range or a count that would go negative (the count then unchanged). */
+prnn_status_t prnn_resident_hold_sms(int device, int64_t delta);
+/* That count (0 for a device out of range). */
+int64_t prnn_resident_held_sms(int device);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,7 @@
 
 #include "cells.cuh"
 #include "cuda_status.cuh"
+#include "device_info.cuh"
 #include "prnn_internal.h"
 
 namespace prnn {
@@ -884,6 +885,7 @@ prnn_status_t prnn_resident_launch_cuda(const prnn_resident_problem_t *problem, 
   st = check_args(problem, args);
   if (st != PRNN_STATUS_SUCCESS) return st;
   st = check_workspace(workspace, workspace_bytes, l.workspace_bytes);
+  if (st == PRNN_STATUS_SUCCESS) st = load_plain_kernels(); /* what the layers run beside it */
   if (st != PRNN_STATUS_SUCCESS) return st;
   ResidentParams p;
   memset(&p, 0, sizeof p);

@@ -3,6 +3,7 @@
  * (prnn.h): posting a command and waiting for its answer. Plain loads and
  * stores with release / acquire ordering on host-mapped memory that the
  * kernel reads and writes over the bus; no CUDA call, so every build has it.
+ * Also the count of SMs that resident kernels hold, which the planners read.
  *
  * C99 with the GCC/Clang __atomic builtins, and also valid C++17 (torch's
  * extension build compiles .c files with g++).
@@ -15,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "prnn.h"
+#include "prnn_internal.h"
 
 static int64_t monotonic_ns(void) {
   struct timespec ts;
@@ -108,4 +109,26 @@ int prnn_resident_wait(const prnn_resident_mailbox_t *mailbox, uint32_t seq, int
 
 int prnn_resident_is_ready(const prnn_resident_mailbox_t *mailbox) {
   return __atomic_load_n(&mailbox->ready, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* Per device; the planners read it at every plan, so that a plan never needs
+ * SMs a resident kernel holds. */
+static int64_t g_held_sms[PRNN_MAX_DEVICES];
+
+prnn_status_t prnn_resident_hold_sms(int device, int64_t delta) {
+  prnn_clear_error();
+  if (device < 0 || device >= PRNN_MAX_DEVICES)
+    return prnn_fail(PRNN_STATUS_BAD_PARAM, "device %d out of range [0, %d)", device, PRNN_MAX_DEVICES);
+  int64_t held = __atomic_load_n(&g_held_sms[device], __ATOMIC_RELAXED);
+  do {
+    if (held + delta < 0)
+      return prnn_fail(PRNN_STATUS_BAD_PARAM, "releasing %lld SMs of device %d, which holds %lld",
+                       (long long)-delta, device, (long long)held);
+  } while (!__atomic_compare_exchange_n(&g_held_sms[device], &held, held + delta, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED));
+  return PRNN_STATUS_SUCCESS;
+}
+
+int64_t prnn_resident_held_sms(int device) {
+  return device < 0 || device >= PRNN_MAX_DEVICES ? 0 : __atomic_load_n(&g_held_sms[device], __ATOMIC_ACQUIRE);
 }

@@ -151,6 +151,13 @@ static prnn_status_t launch(const ElmanPlan &, const prnn_problem_t *problem, Re
   return PRNN_STATUS_SUCCESS;
 }
 
-extern const ElmanFamily stepwise_family = {take, launch, false};
+extern const ElmanFamily stepwise_family = {take, launch, false, false};
+
+prnn_status_t load_stepwise_kernels() {
+  return for_each_element_type([](auto element) {
+    using E = decltype(element);
+    return load_kernels(copy_matrix_kernel<E>, stepwise_rnn_kernel<ElmanCell, E>);
+  });
+}
 
 }  // namespace prnn

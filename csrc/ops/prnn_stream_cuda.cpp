@@ -1,11 +1,13 @@
 // prnn_stream_cuda.cpp - the device side of a stream (built only with CUDA):
-// checks the weights, keeps the count of SMs that resident kernels hold on
-// each device, launches one on a CUDA stream of its own and watches it.
+// checks the weights, counts the SMs that resident kernels hold on each
+// device (prnn_resident_hold_sms), launches one on a CUDA stream of its own
+// and watches it.
 //
 // The count is what makes opening safe: a cooperative launch that cannot get
 // all its SMs waits for them, and SMs held by another resident kernel never
 // free, so a stream that would not fit beside the open ones is refused before
-// it launches.
+// it launches; and while any are held, the layers' planners choose tiers of
+// plain launches.
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -13,7 +15,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -23,14 +24,14 @@
 namespace torch_prnn {
 namespace {
 
-// device -> SMs held by resident kernels that have not ended. Never freed: a
-// stream may be destroyed as the process exits, after static destructors.
+// Makes a stream's check of the free SMs, its plan and its count one step.
+// Never freed: a stream may be destroyed as the process exits, after static
+// destructors.
 std::mutex* g_held_mutex = new std::mutex();
-std::map<int64_t, int64_t>* g_held_sms = new std::map<int64_t, int64_t>();
 
 void release_sms(int64_t device, int64_t ctas) {
   std::lock_guard<std::mutex> lock(*g_held_mutex);
-  (*g_held_sms)[device] -= ctas;
+  prnn_resident_hold_sms((int)device, -ctas);  // cannot fail: the count holds at least this kernel's
 }
 
 void cuda_check(cudaError_t err, const char* what) {
@@ -154,7 +155,7 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
   prnn_resident_plan_t plan{};
   {
     std::lock_guard<std::mutex> lock(*g_held_mutex);
-    const int64_t held = (*g_held_sms)[device], free_sms = sms - held;
+    const int64_t held = prnn_resident_held_sms((int)device), free_sms = sms - held;
     const int64_t allowed = max_sms > 0 ? std::min<int64_t>(max_sms, sms) : sms;
     TORCH_CHECK(free_sms >= 1, "Stream: all ", sms, " SMs of cuda:", device,
                 " are held by open streams; close one to open another");
@@ -171,7 +172,7 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
                   " SMs (", detail, "); close a stream first");
     }
     check_status("Stream", status);
-    (*g_held_sms)[device] += plan.grid;
+    check_status("Stream", prnn_resident_hold_sms((int)device, plan.grid));
   }
 
   cudaStream_t stream = nullptr;

@@ -4,7 +4,8 @@
  * numbers (including their wrap), x_t's tagged words, answers from several
  * CTAs in any order, and that a wait without an answer returns at its timeout
  * instead of hanging. The kernel's side is played by this test writing the
- * answer words itself.
+ * answer words itself. Also the count of SMs resident kernels hold, which
+ * the planners read.
  *
  * Standalone C99 (no torch, no CUDA): built and run by `make ctest`.
  */
@@ -177,7 +178,29 @@ static void forever_group(void) {
   printf("forever: answered after %.1f ms\n", 1e3 * waited);
 }
 
+/* The held SMs: per device, never negative, a refused change leaves the count. */
+static void held_sms_group(void) {
+  CHECK(prnn_resident_held_sms(0) == 0 && prnn_resident_held_sms(1) == 0);
+  CHECK(prnn_resident_hold_sms(0, 16) == PRNN_STATUS_SUCCESS);
+  CHECK(prnn_resident_hold_sms(0, 100) == PRNN_STATUS_SUCCESS);
+  CHECK(prnn_resident_held_sms(0) == 116 && prnn_resident_held_sms(1) == 0);
+  CHECK(prnn_resident_hold_sms(0, -117) == PRNN_STATUS_BAD_PARAM);
+  CHECK(strstr(prnn_last_error(), "releasing 117 SMs of device 0, which holds 116") != NULL);
+  CHECK(prnn_resident_held_sms(0) == 116);
+  CHECK(prnn_resident_hold_sms(0, -100) == PRNN_STATUS_SUCCESS);
+  CHECK(prnn_last_error()[0] == '\0'); /* cleared by the call */
+  CHECK(prnn_resident_hold_sms(0, -16) == PRNN_STATUS_SUCCESS && prnn_resident_held_sms(0) == 0);
+  CHECK(prnn_resident_hold_sms(PRNN_MAX_DEVICES - 1, 3) == PRNN_STATUS_SUCCESS);
+  CHECK(prnn_resident_held_sms(PRNN_MAX_DEVICES - 1) == 3);
+  CHECK(prnn_resident_hold_sms(PRNN_MAX_DEVICES - 1, -3) == PRNN_STATUS_SUCCESS);
+  CHECK(prnn_resident_hold_sms(-1, 1) == PRNN_STATUS_BAD_PARAM);
+  CHECK(prnn_resident_hold_sms(PRNN_MAX_DEVICES, 1) == PRNN_STATUS_BAD_PARAM);
+  CHECK(strstr(prnn_last_error(), "out of range") != NULL);
+  CHECK(prnn_resident_held_sms(-1) == 0 && prnn_resident_held_sms(PRNN_MAX_DEVICES) == 0);
+}
+
 int main(void) {
+  held_sms_group();
   layout_group();
   protocol_group();
   step_group();
