@@ -61,7 +61,8 @@ class Stream:
             launch waits until the SMs it needs are free of other work)
             before :class:`TimeoutError`.
         max_sms: the most SMs the stream may hold (default: as many as suit
-            its size, at most the free ones).
+            its size, at most the free ones; one SM of the device always
+            stays free for other work).
 
     The kernel holds only the SMs its CTAs need (:attr:`sms`); other kernels
     keep running on the GPU beside it, but a launch that needs more SMs at
@@ -69,8 +70,13 @@ class Stream:
     leave room with ``max_sms``. torch_prnn's own layers on the device run on
     their tiers of plain launches while a stream is open (one or a few
     launches a step, slower than the persistent tiers, which would wait for
-    the SMs the stream holds). Opening a stream that does not fit beside the
-    open ones of this process raises before launching. While a stream is open,
+    the SMs the stream holds). That holds for calls made while it is open:
+    persistent launches queued on other CUDA streams before it opens, or
+    replayed from a CUDA graph captured before, still wait (synchronise them
+    first), and so do calls a module hands to cuDNN (large batches) where
+    cuDNN picks its persistent algorithm (float16). Opening a stream that
+    does not fit beside the open ones of this process raises before
+    launching. While a stream is open,
     device-wide synchronisation waits for it, since its kernel only ends when
     the stream closes: ``torch.cuda.synchronize()``,
     ``torch.cuda.empty_cache()`` (and anything else that calls
@@ -81,9 +87,10 @@ class Stream:
     yet in the process (a torch op on a new dtype or shape, a module's first
     forward) hangs beside an open stream. Run what will run beside a stream
     once before opening it, or set ``CUDA_MODULE_LOADING=EAGER`` before CUDA
-    initialises. Opening loads the kernels of torch_prnn's plain tiers; what
-    runs around them must have run once: a layer whose input projection ran
-    inside its persistent kernel runs it as a GEMM beside a stream. The
+    initialises. Opening loads the kernels of torch_prnn's plain tiers, so
+    that a module whose forward ran once before runs beside the stream (an
+    Elman layer's input projection in its step kernel, the gated cells' in
+    the GEMM that ran before; training needs its backward run once too). The
     stream itself launches nothing while it is open: GPU
     tensors in and out of its methods move by plain copies. Closing (:meth:`close`, leaving a ``with``
     block, garbage collection or interpreter exit) ends the kernel. Inference

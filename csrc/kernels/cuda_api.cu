@@ -168,7 +168,7 @@ prnn_status_t few_steps_on(const prnn_problem_t *pb, int64_t input, int device, 
   ElmanDevice dev;
   const prnn_status_t st = elman_device(device, &dev);
   if (st != PRNN_STATUS_SUCCESS) return st;
-  *takes = dev.fuse_projection >= 0 && few_steps_takes(pb, input);
+  *takes = dev.fuse_projection >= 0 && few_steps_takes(pb, input, dev.resident_sms > 0);
   return PRNN_STATUS_SUCCESS;
 }
 

@@ -213,13 +213,16 @@ prnn_status_t run_final_state(const RecurrenceParams &p, void *h_n, cudaStream_t
 /* Elman: one step of up to 16 sequences, or two of up to 4 (a pass over the
  * rows each): where the launches a step cost less than the persistent
  * kernels' start, in a CUDA graph and eager (H200, H 256-2048:
- * bench/NOTES.md). The gated cells one step (c would be rounded to the
- * element type between steps), without a projection. */
-bool few_steps_takes(const prnn_problem_t *pb, int64_t input) {
+ * bench/NOTES.md); and beside a resident kernel, where no persistent
+ * family runs, any number of steps of any batch. The gated cells one step
+ * (c would be rounded to the element type between steps), without a
+ * projection. */
+bool few_steps_takes(const prnn_problem_t *pb, int64_t input, bool beside_resident) {
   const int64_t kIndexLimit = 0x7fffff00; /* G*H rows and the K loop's indices stay in int */
   if (input <= 0 || pb->has_lengths || input > kIndexLimit) return false;
   if ((int64_t)prnn_cell_gates(pb->cell) * pb->hidden > kIndexLimit) return false;
   if (pb->cell != PRNN_CELL_ELMAN) return pb->proj_size == 0 && pb->steps == 1 && pb->batch <= 16;
+  if (beside_resident) return pb->steps <= kIndexLimit && pb->batch <= kIndexLimit;
   return (pb->steps == 1 && pb->batch <= 16) || (pb->steps == 2 && pb->batch <= kSeqTile);
 }
 

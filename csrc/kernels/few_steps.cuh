@@ -16,8 +16,10 @@ namespace prnn {
 
 /* Whether the few-steps kernel runs this checked layer (input > 0): a few
  * steps of a small batch without lengths, where bringing W_hh on chip costs
- * more than the steps. Its plan: no workspace. */
-bool few_steps_takes(const prnn_problem_t *problem, int64_t input);
+ * more than the steps; and, beside a resident kernel (the persistent
+ * families cannot run), an Elman layer of any length and batch without
+ * lengths, whose input projection then needs no GEMM. Its plan: no workspace. */
+bool few_steps_takes(const prnn_problem_t *problem, int64_t input, bool beside_resident);
 void few_steps_plan(const prnn_problem_t *problem, prnn_plan_t *plan);
 
 /* The layer on the stream, args checked (prnn_check_layer_args); it writes y

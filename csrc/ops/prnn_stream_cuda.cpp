@@ -7,7 +7,8 @@
 // all its SMs waits for them, and SMs held by another resident kernel never
 // free, so a stream that would not fit beside the open ones is refused before
 // it launches; and while any are held, the layers' planners choose tiers of
-// plain launches.
+// plain launches, for which one SM always stays free (their blocks need not
+// fit beside a resident CTA).
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -155,10 +156,10 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
   prnn_resident_plan_t plan{};
   {
     std::lock_guard<std::mutex> lock(*g_held_mutex);
-    const int64_t held = prnn_resident_held_sms((int)device), free_sms = sms - held;
-    const int64_t allowed = max_sms > 0 ? std::min<int64_t>(max_sms, sms) : sms;
-    TORCH_CHECK(free_sms >= 1, "Stream: all ", sms, " SMs of cuda:", device,
-                " are held by open streams; close one to open another");
+    const int64_t held = prnn_resident_held_sms((int)device), free_sms = sms - 1 - held;
+    const int64_t allowed = max_sms > 0 ? std::min<int64_t>(max_sms, sms - 1) : sms - 1;
+    TORCH_CHECK(free_sms >= 1, "Stream: ", held, " of the ", sms, " SMs of cuda:", device,
+                " are held by open streams and one stays free for other work; close one to open another");
     problem.max_ctas = std::min(allowed, free_sms);
     const prnn_status_t status = prnn_resident_plan_cuda(&problem, (int)device, &plan);
     if (status == PRNN_STATUS_NOT_SUPPORTED && held > 0) {
