@@ -760,7 +760,7 @@ def test_ffma_family_cuda(cell, monkeypatch):
     state exchanged through L2 as tagged float32 words), forward and backward:
     check_grid_family. It takes a batch whose groups of up to 8 sequences all
     fit at once, a CTA an SM (8 units a CTA); planned with PRNN_GATED_FFMA=1
-    (off by default until it has run on a GPU)."""
+    (off by default: bench/NOTES.md step 75)."""
     monkeypatch.setenv("PRNN_GATED_FFMA", "1")  # the gated planner reads it at each plan
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     # the backward's largest kernels (8 sequences, K = 4096) need 130 KiB of shared memory a CTA

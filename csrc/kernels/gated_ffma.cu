@@ -5,8 +5,9 @@
  * backward's gate gradients) through L2 as tagged words {tag, one float32}
  * (exchange.cuh). sm_80 and later, H up to 1024, no projection; the 16-bit
  * dtypes run on the tensor-core families (gated_cluster.cu, gated_grid.cu),
- * whose grid layout this one follows. Planned only with PRNN_GATED_FFMA=1
- * until it has run on a GPU (bench/NOTES.md step 75).
+ * whose grid layout this one follows. Planned only with PRNN_GATED_FFMA=1:
+ * not all its tests have run on a GPU, and its backward is slower than the
+ * persistent family's (bench/NOTES.md step 75).
  *
  * A group of C = ceil(H / 8) CTAs carries up to S sequences (S = 1, 4 or 8,
  * compiled), groups side by side; CTA r of a group owns the 8 hidden units

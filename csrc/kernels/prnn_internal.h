@@ -28,7 +28,7 @@ void prnn_clear_error(void);
 int prnn_cluster_tier_disabled(void);
 
 /* PRNN_GATED_FFMA=1: plan float32 LSTM and GRU layers on the float32 grid
- * family (gated_ffma.cu), off by default until it has run on a GPU. */
+ * family (gated_ffma.cu), off by default (bench/NOTES.md step 75). */
 int prnn_gated_ffma_enabled(void);
 
 /* Size in bytes of one element of a dtype (0 for an invalid dtype). */
