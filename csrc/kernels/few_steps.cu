@@ -250,7 +250,7 @@ prnn_status_t load_few_steps_kernels() {
     const int V = 16 / sizeof(E);
     return load_kernels(few_steps_kernel<ElmanCell, E, 1>, few_steps_kernel<ElmanCell, E, V>,
                         few_steps_kernel<LstmCell, E, 1>, few_steps_kernel<LstmCell, E, V>,
-                        few_steps_kernel<GruCell, E, 1>, few_steps_kernel<GruCell, E, V>, final_state_kernel<E>);
+                        few_steps_kernel<GruCell, E, 1>, few_steps_kernel<GruCell, E, V>);
   });
 }
 
