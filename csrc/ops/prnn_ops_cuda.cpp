@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "prnn_ops.h"
+#include "prnn_stream.h"
 
 namespace torch_prnn {
 namespace {
@@ -46,6 +47,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
+  const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
   prnn_plan_t plan;
   check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
   at::Tensor ws = workspace(plan, xp);
@@ -82,12 +84,15 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
   const prnn_problem_t problem = check_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t input = x.size(2);
+  std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
   prnn_plan_t plan;
   const prnn_status_t status = is_empty(problem) || input == 0
                                    ? PRNN_STATUS_NOT_SUPPORTED
                                    : prnn_plan_layer_cuda(&problem, input, x.get_device(), &plan);
-  if (status == PRNN_STATUS_NOT_SUPPORTED)
+  if (status == PRNN_STATUS_NOT_SUPPORTED) {
+    planned.unlock();  // prnn::forward takes it
     return layer_forward(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
+  }
   check_status(op, status);
 
   const at::Tensor host_lengths32 = host_lengths("prnn::forward", lengths, problem, x.device());  // its messages
@@ -126,13 +131,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_cuda(
               like_x(w_hh, G * H, H) && (!lstm || like_x(*c0, B, H));
   const prnn_problem_t problem{lstm ? PRNN_CELL_LSTM : PRNN_CELL_GRU, PRNN_ACT_TANH,
                                *to_prnn_dtype(x.scalar_type()), T, B, H, 0, 0};
+  std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
   if (fits) {
     prnn_plan_t plan;
     const prnn_status_t status = plan_layer_cuda(problem, I, x.device(), &plan);
     if (status != PRNN_STATUS_NOT_SUPPORTED) check_status(op, status);
     fits = status == PRNN_STATUS_SUCCESS;
   }
-  if (!fits) return gated_layer_ops(x, w_ih, b_ih, b_hh, h0, c0, w_hh, lstm);
+  if (!fits) {
+    planned.unlock();  // prnn::lstm and prnn::gru take it
+    return gated_layer_ops(x, w_ih, b_ih, b_hh, h0, c0, w_hh, lstm);
+  }
 
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({T, B, H}, x.options()), h_n = at::empty({B, H}, x.options());
@@ -167,6 +176,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   if (!is_empty(problem)) {
     const at::Tensor grad_y_ = unit_last_stride_gradient(grad_y), y_ = y.contiguous(),
                      w_hh_ = unit_last_stride(w_hh);
+    const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
     at::Tensor ws = workspace(plan, y);
@@ -188,6 +198,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cuda(
   const GatedForwardCall call = gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr,
                                                    on_device(op, host_lengths32, xp), save);
   if (!is_empty(problem)) {
+    const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
     at::Tensor ws = workspace(plan, xp);
@@ -211,6 +222,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
                                                      saved, w_hh, w_hr, on_device(op, host_lengths32, y));
   if (!is_empty(problem)) {
+    const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
     at::Tensor ws = workspace(plan, y);

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,11 @@ class ResidentKernel {
 };
 
 #ifdef WITH_CUDA
+// Held shared by a layer op from its plan to its launch, and alone by a
+// stream from reading the count of held SMs to its launch: a plan never sees
+// a count that changes before its launch is queued.
+std::shared_mutex& resident_mutex();
+
 // Launches the resident kernel of `shape` on CUDA device `device` with
 // `weights` ([w_ih, w_hh] or [w_ih, w_hh, b_ih, b_hh] a layer, on that
 // device, of the stream's dtype), holding at most max_sms SMs (0: any), after

@@ -16,7 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "prnn_ops.h"
@@ -25,13 +25,8 @@
 namespace torch_prnn {
 namespace {
 
-// Makes a stream's check of the free SMs, its plan and its count one step.
-// Never freed: a stream may be destroyed as the process exits, after static
-// destructors.
-std::mutex* g_held_mutex = new std::mutex();
-
 void release_sms(int64_t device, int64_t ctas) {
-  std::lock_guard<std::mutex> lock(*g_held_mutex);
+  const std::unique_lock<std::shared_mutex> lock(resident_mutex());
   prnn_resident_hold_sms((int)device, -ctas);  // cannot fail: the count holds at least this kernel's
 }
 
@@ -109,6 +104,12 @@ at::Tensor checked_weight(const at::Tensor& t, const char* name, int64_t layer, 
 
 }  // namespace
 
+std::shared_mutex& resident_mutex() {
+  // Never freed: a stream may be destroyed as the process exits, after static destructors.
+  static std::shared_mutex* mutex = new std::shared_mutex();
+  return *mutex;
+}
+
 std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const StreamBuffers& buffers,
                                                 std::vector<at::Tensor>& weights, bool bias, int64_t device,
                                                 int64_t max_sms, std::vector<int64_t>* plan_out) {
@@ -154,8 +155,8 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
   cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, (int)device), "cudaDeviceGetAttribute");
   prnn_resident_problem_t problem{s.cell, s.activation, s.dtype, s.layers, s.batch, s.input, s.hidden, 0};
   prnn_resident_plan_t plan{};
+  std::unique_lock<std::shared_mutex> lock(resident_mutex());  // until the launch is queued
   {
-    std::lock_guard<std::mutex> lock(*g_held_mutex);
     const int64_t held = prnn_resident_held_sms((int)device), free_sms = sms - 1 - held;
     const int64_t allowed = max_sms > 0 ? std::min<int64_t>(max_sms, sms - 1) : sms - 1;
     TORCH_CHECK(free_sms >= 1, "Stream: ", held, " of the ", sms, " SMs of cuda:", device,
@@ -172,12 +173,16 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
                   device, " cannot hold this stream beside the open ones, which hold ", held, " of its ", sms,
                   " SMs (", detail, "); close a stream first");
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(status != PRNN_STATUS_NOT_SUPPORTED || held > 0, "Stream: ",
+                                prnn_status_string(status), ": ", prnn_last_error(), " (one of cuda:", device,
+                                "'s SMs stays free for other work)");
     check_status("Stream", status);
     check_status("Stream", prnn_resident_hold_sms((int)device, plan.grid));
   }
 
   cudaStream_t stream = nullptr;
   at::Tensor workspace;
+  std::unique_ptr<ResidentKernel> kernel;
   try {
     workspace = at::empty({(int64_t)plan.workspace_bytes},
                                      at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
@@ -185,6 +190,9 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
     cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
     // Non-blocking: work on the legacy default stream must not wait for a kernel that never ends.
     cuda_check(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest), "cudaStreamCreateWithPriority");
+    // Made before the launch, so that nothing that may throw comes after it; owns the stream and the SMs from here.
+    *plan_out = {plan.grid, plan.block, plan.units_per_cta, plan.smem_bytes};
+    kernel = std::make_unique<CudaResidentKernel>(device, plan.grid, stream, workspace);
     // After what the current stream has queued: it may still be writing the weights, or using the workspace's block.
     cudaEvent_t queued = nullptr;
     cuda_check(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -194,17 +202,17 @@ std::unique_ptr<ResidentKernel> launch_resident(const StreamShape& s, const Stre
     cuda_check(err, "cudaEventRecord / cudaStreamWaitEvent");
     check_status("Stream", prnn_resident_launch_cuda(&problem, &args, workspace.mutable_data_ptr(),
                                                      plan.workspace_bytes, static_cast<prnn_stream_t>(stream)));
-    *plan_out = {plan.grid, plan.block, plan.units_per_cta, plan.smem_bytes};
-    return std::make_unique<CudaResidentKernel>(device, plan.grid, stream, std::move(workspace));
+    return kernel;
   } catch (...) {
+    lock.unlock();  // release_sms takes it
     // Nothing was launched. The stream may still run the workspace's memset:
     // done before the workspace returns to the allocator.
-    if (stream != nullptr) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (kernel == nullptr) {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+      release_sms(device, plan.grid);
     }
-    release_sms(device, plan.grid);
-    throw;
+    throw;  // the kernel object, where made, destroys the stream and releases the SMs
   }
 }
 
