@@ -529,8 +529,12 @@ int prnn_resident_is_ready(const prnn_resident_mailbox_t *mailbox);
  * planners (prnn_plan_cuda, prnn_plan_layer_cuda, the gated cells') choose
  * only tiers of plain launches (few-steps, stepwise): a persistent launch
  * needs all its CTAs resident at once, and beside a resident kernel it could
- * wait for SMs that never free. PRNN_STATUS_BAD_PARAM for a device out of
- * range or a count that would go negative (the count then unchanged). */
+ * wait for SMs that never free. Each plan and each launch reads the count
+ * afresh: a caller that opens resident kernels beside threads planning and
+ * launching layers orders the two itself (the torch ops hold a lock from a
+ * layer's plan to its launch, and a stream holds it alone from its count
+ * to its launch). PRNN_STATUS_BAD_PARAM for a device out of range or a
+ * count that would go negative (the count then unchanged). */
 prnn_status_t prnn_resident_hold_sms(int device, int64_t delta);
 /* That count (0 for a device out of range). */
 int64_t prnn_resident_held_sms(int device);
