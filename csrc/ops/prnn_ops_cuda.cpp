@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& xp, const at::
 
   const at::Tensor xp_ = unit_last_stride(xp), h0_ = unit_last_stride(h0),
                    w_hh_ = unit_last_stride(w_hh);
-  const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
+  const auto planned = plan_to_launch_lock();
   prnn_plan_t plan;
   check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
   at::Tensor ws = workspace(plan, xp);
@@ -84,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor> layer_cuda(
   const prnn_problem_t problem = check_layer(x, w_ih, b_ih, b_hh, h0, w_hh, lengths, nonlinearity);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t input = x.size(2);
-  std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
+  auto planned = plan_to_launch_lock();
   prnn_plan_t plan;
   const prnn_status_t status = is_empty(problem) || input == 0
                                    ? PRNN_STATUS_NOT_SUPPORTED
@@ -131,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_layer_cuda(
               like_x(w_hh, G * H, H) && (!lstm || like_x(*c0, B, H));
   const prnn_problem_t problem{lstm ? PRNN_CELL_LSTM : PRNN_CELL_GRU, PRNN_ACT_TANH,
                                *to_prnn_dtype(x.scalar_type()), T, B, H, 0, 0};
-  std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
+  auto planned = plan_to_launch_lock();
   if (fits) {
     prnn_plan_t plan;
     const prnn_status_t status = plan_layer_cuda(problem, I, x.device(), &plan);
@@ -176,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   if (!is_empty(problem)) {
     const at::Tensor grad_y_ = unit_last_stride_gradient(grad_y), y_ = y.contiguous(),
                      w_hh_ = unit_last_stride(w_hh);
-    const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
+    const auto planned = plan_to_launch_lock();
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
     at::Tensor ws = workspace(plan, y);
@@ -198,7 +198,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_forward_cuda(
   const GatedForwardCall call = gated_forward_call(problem, xp, b_hh, h0, c0, w_hh, w_hr,
                                                    on_device(op, host_lengths32, xp), save);
   if (!is_empty(problem)) {
-    const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
+    const auto planned = plan_to_launch_lock();
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_FORWARD, xp.get_device(), &plan));
     at::Tensor ws = workspace(plan, xp);
@@ -222,7 +222,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const GatedBackwardCall call = gated_backward_call(problem, grad_y, grad_h_n, grad_c_n, h0, c0, y,
                                                      saved, w_hh, w_hr, on_device(op, host_lengths32, y));
   if (!is_empty(problem)) {
-    const std::shared_lock<std::shared_mutex> planned(resident_mutex());  // from the plan to the launch
+    const auto planned = plan_to_launch_lock();
     prnn_plan_t plan;
     check_status(op, prnn_plan_cuda(&problem, PRNN_PASS_BACKWARD_DATA, y.get_device(), &plan));
     at::Tensor ws = workspace(plan, y);

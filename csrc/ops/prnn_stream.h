@@ -60,6 +60,11 @@ class ResidentKernel {
 // a count that changes before its launch is queued.
 std::shared_mutex& resident_mutex();
 
+// A layer op's shared hold on resident_mutex(), from its plan to its launch.
+inline std::shared_lock<std::shared_mutex> plan_to_launch_lock() {
+  return std::shared_lock<std::shared_mutex>(resident_mutex());
+}
+
 // Launches the resident kernel of `shape` on CUDA device `device` with
 // `weights` ([w_ih, w_hh] or [w_ih, w_hh, b_ih, b_hh] a layer, on that
 // device, of the stream's dtype), holding at most max_sms SMs (0: any), after
