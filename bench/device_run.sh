@@ -158,17 +158,19 @@ for s in "${stages[@]}"; do
             "$LOG/probe_n$n.log" | sed 's/=========//' | tr '\n' ' ')"
         done
       done ;;
-    ffma) # the float32 gated grid family (opt-in: PRNN_GATED_FFMA=1): its tests, it against the persistent family, its timings, memcheck
+    ffma) # the float32 gated grid family (forward by default, backward with PRNN_GATED_FFMA=1): its tests, the
+      # default against the persistent family alone (PRNN_GATED_FFMA=0) and the grid family's backward, timings, memcheck
       stage ffmatest python3 -m pytest -q -rfs tests/test_gated_ops.py -k ffma_family
       tail -5 "$LOG/ffmatest.log"
       export AB_CASES="lstm:float32:4:1024 gru:float32:4:1024 lstm:float32:1:256 lstm:float32:8:512 gru:float32:1:512"
-      stage ab_persistent python3 bench/lab/ab_builds.py persistent "$results/ffma"
+      stage ab_persistent env PRNN_GATED_FFMA=0 python3 bench/lab/ab_builds.py persistent "$results/ffma"
+      stage ab_default python3 bench/lab/ab_builds.py default "$results/ffma"
       stage ab_ffma env PRNN_GATED_FFMA=1 python3 bench/lab/ab_builds.py ffma "$results/ffma"
-      grep -h -E "^(persistent|ffma) " "$LOG/ab_persistent.log" "$LOG/ab_ffma.log" | sort -k2,6 -s
+      grep -h -E "^(persistent|default|ffma) " "$LOG/ab_persistent.log" "$LOG/ab_default.log" "$LOG/ab_ffma.log" |
+        sort -k2,6 -s
       unset AB_CASES
       for c in lstm gru; do
-        stage ffma_$c env PRNN_GATED_FFMA=1 python3 bench/bench.py --cell $c --dtype float32 --batch 1 --batch 4 \
-          --batch 8 --out "$results/ffma"
+        stage ffma_$c python3 bench/bench.py --cell $c --dtype float32 --batch 1 --batch 4 --batch 8 --out "$results/ffma"
         tail -10 "$LOG/ffma_$c.log"
       done
       stage ffma_memcheck env PRNN_GATED_FFMA=1 compute-sanitizer --tool memcheck --error-exitcode 1 \

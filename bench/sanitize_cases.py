@@ -79,7 +79,8 @@ for T, B, I, H, dtype, with_lengths in LAYER_CASES:
           f"fused={plan['fused_input_projection']}: finite={bool(torch.isfinite(y).all())}")
 
 GATED_CASES = [  # (cell, T, B, H, proj_size, dtype, with lengths)
-    # float32: the persistent family, or with PRNN_GATED_FFMA=1 the float32 grid family (gated_ffma.cu)
+    # float32: the float32 grid family (gated_ffma.cu) forward, the persistent family backward (PRNN_GATED_FFMA=1:
+    # the grid family both; =0: the persistent family both)
     ("lstm", 3, 2, 33, 0, torch.float32, True),  # grid: 5 CTAs, the last partly padding
     ("lstm", 3, 8, 1024, 0, torch.float32, True),  # grid: its largest shapes (8 sequences, KL 64)
     ("gru", 3, 12, 520, 0, torch.float32, False),  # grid: two groups of 65 CTAs

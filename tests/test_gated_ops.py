@@ -759,8 +759,9 @@ def test_ffma_family_cuda(cell, monkeypatch):
     """The gated float32 grid family (W_hh in registers as FFMA operands, the
     state exchanged through L2 as tagged float32 words), forward and backward:
     check_grid_family. It takes a batch whose groups of up to 8 sequences all
-    fit at once, a CTA an SM (8 units a CTA); planned with PRNN_GATED_FFMA=1
-    (off by default: bench/NOTES.md step 75)."""
+    fit at once, a CTA an SM (8 units a CTA); its backward is planned only
+    with PRNN_GATED_FFMA=1 (slower than the persistent family's:
+    bench/NOTES.md step 75)."""
     monkeypatch.setenv("PRNN_GATED_FFMA", "1")  # the gated planner reads it at each plan
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     # the backward's largest kernels (8 sequences, K = 4096) need 130 KiB of shared memory a CTA
@@ -768,6 +769,37 @@ def test_ffma_family_cuda(cell, monkeypatch):
     check_grid_family(cell, torch.float32, FFMA_CASES,
                       lambda H, B, backward: -(-H // 8) * -(-B // 8) <= props.multi_processor_count
                       and (backward_fits or not backward), monkeypatch)
+
+
+@needs_cuda
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_ffma_family_takes_the_forward_by_default(cell, monkeypatch):
+    """By default the float32 grid family takes the forward and the persistent
+    family the backward, which reads the forward's saved values: a training
+    call through both against the float64 loop; PRNN_GATED_FFMA=0 leaves
+    both passes to the persistent family."""
+    H, B, T = 1024, 4, 9
+    if torch.cuda.get_device_capability() < (8, 0) or torch.cuda.get_device_properties(0).multi_processor_count < H // 8:
+        pytest.skip("the float32 grid family needs sm_80 and an SM for each of its 128 CTAs at H = 1024")
+    monkeypatch.delenv("PRNN_GATED_FFMA", raising=False)
+    tiers = [torch_prnn.plan(H, batch=B, cell=cell, dtype=torch.float32, device="cuda", backward=bw)["tier"]
+             for bw in (False, True)]
+    assert tiers == ["persistent_registers", "persistent_shared"], tiers
+    monkeypatch.setenv("PRNN_GATED_FFMA", "0")
+    assert torch_prnn.plan(H, batch=B, cell=cell, dtype=torch.float32, device="cuda")["tier"] == "persistent_shared"
+    monkeypatch.delenv("PRNN_GATED_FFMA")
+    inputs = make_inputs(cell, T, B, H, 0, torch.float32, "cuda", seed=H + B)
+    lengths = torch.tensor([T, 1, 5, 0])
+    grads = grads_of_a_pass(cell, inputs, lengths)
+    exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
+    ref_grads = grads_of_a_pass(cell, exact, lengths)
+    for name, g in grads.items():
+        r = ref_grads[name]
+        if g is None:
+            assert r is None, name
+            continue
+        err = ((g.double().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        assert err < 1e-4, (name, err)
 
 
 def check_grid_family(cell, dtype, cases, family_takes, monkeypatch):

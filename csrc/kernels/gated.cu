@@ -740,8 +740,8 @@ namespace {
 
 /* The gated families, asked in this order; the first that takes a problem
  * runs it: one cluster per group of sequences (16-bit, H <= 512, sm_90+),
- * the cooperative grids (16-bit tensor cores, or float32 FFMA with
- * PRNN_GATED_FFMA=1; H <= 1024, sm_80+), the persistent family (W_hh in
+ * the cooperative grids (16-bit tensor cores, or float32 FFMA, its backward
+ * with PRNN_GATED_FFMA=1; H <= 1024, sm_80+), the persistent family (W_hh in
  * shared memory), then a few launches a step. */
 const GatedFamily *const kGatedFamilies[] = {&gated_cluster_family, &gated_grid_family, &gated_ffma_family,
                                              &gated_persistent_family, &gated_stepwise_family};

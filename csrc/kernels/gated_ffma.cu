@@ -5,9 +5,9 @@
  * backward's gate gradients) through L2 as tagged words {tag, one float32}
  * (exchange.cuh). sm_80 and later, H up to 1024, no projection; the 16-bit
  * dtypes run on the tensor-core families (gated_cluster.cu, gated_grid.cu),
- * whose grid layout this one follows. Planned only with PRNN_GATED_FFMA=1:
- * not all its tests have run on a GPU, and its backward is slower than the
- * persistent family's (bench/NOTES.md step 75).
+ * whose grid layout this one follows. Planned for the forward; the backward
+ * only with PRNN_GATED_FFMA=1, since it is slower than the persistent
+ * family's (bench/NOTES.md step 75), which reads the same saved values.
  *
  * A group of C = ceil(H / 8) CTAs carries up to S sequences (S = 1, 4 or 8,
  * compiled), groups side by side; CTA r of a group owns the 8 hidden units
@@ -391,7 +391,8 @@ prnn_status_t ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, i
   return remember_capacity(known, err, blocks, "planning the gated float32 grid kernel", per_sm);
 }
 
-/* Whether the family takes the request: PRNN_GATED_FFMA=1 (prnn_internal.h), float32, no projection, H up to
+/* Whether the family takes the request: the forward (the backward with
+ * PRNN_GATED_FFMA=1: prnn_internal.h), float32, no projection, H up to
  * 1024, compute capability 8.0 or later with cooperative launches; the
  * smallest KL whose K extent covers the pass's K, then the fewest sequences
  * a group (S) whose groups of the batch all fit on the GPU at once, with as
@@ -400,7 +401,7 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
   const prnn_problem_t *pb = request.problem;
   const bool backward = request.backward;
   const int device = request.device;
-  if (!prnn_gated_ffma_enabled() || pb->dtype != PRNN_DTYPE_FLOAT32 || pb->proj_size > 0 || request.dev.major < 8 ||
+  if (prnn_gated_ffma_passes() < (backward ? 2 : 1) || pb->dtype != PRNN_DTYPE_FLOAT32 || pb->proj_size > 0 || request.dev.major < 8 ||
       !request.dev.cooperative || pb->hidden > kMaxHidden || device < 0 || device >= kMaxDevices)
     return PRNN_STATUS_SUCCESS;
   const int H = (int)pb->hidden, G = prnn_cell_gates(pb->cell);

@@ -27,9 +27,11 @@ void prnn_clear_error(void);
  * GPUs without clusters, so that their path is testable on sm_90 too. */
 int prnn_cluster_tier_disabled(void);
 
-/* PRNN_GATED_FFMA=1: plan float32 LSTM and GRU layers on the float32 grid
- * family (gated_ffma.cu), off by default (bench/NOTES.md step 75). */
-int prnn_gated_ffma_enabled(void);
+/* Which passes of float32 LSTM and GRU layers the float32 grid family
+ * (gated_ffma.cu) may take: 1, the forward (the default: its backward is
+ * slower than the persistent family's, bench/NOTES.md step 75); 2, both
+ * (PRNN_GATED_FFMA=1, for its tests); 0, neither (PRNN_GATED_FFMA=0). */
+int prnn_gated_ffma_passes(void);
 
 /* Size in bytes of one element of a dtype (0 for an invalid dtype). */
 size_t prnn_dtype_size(prnn_dtype_t dtype);

@@ -62,9 +62,10 @@ int prnn_cluster_tier_disabled(void) {
   return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
-int prnn_gated_ffma_enabled(void) {
+int prnn_gated_ffma_passes(void) {
   const char *v = getenv("PRNN_GATED_FFMA");
-  return v != NULL && strcmp(v, "1") == 0;
+  if (v == NULL || v[0] == '\0') return 1;
+  return strcmp(v, "0") == 0 ? 0 : strcmp(v, "1") == 0 ? 2 : 1;
 }
 
 prnn_status_t prnn_fail(prnn_status_t status, const char *fmt, ...) {
