@@ -3,6 +3,8 @@ dtypes, activations, odd sizes, lengths and layouts; capture in CUDA graphs;
 concurrent streams. Skipped without CUDA."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import conftest
 import torch_prnn  # noqa: F401  (registers the ops)
@@ -566,9 +568,31 @@ def test_a_sums_gradient_is_not_copied_whole(cell):
     x = torch.randn(T, B, H, device="cuda", requires_grad=True)
     params = [x, *module.parameters()]
     want = torch.autograd.grad(module(x)[0], params, dense)
-    got = torch.autograd.grad(module(x)[0], params, expanded)
+    y = module(x)[0]
+    with DenseCopiesOfBroadcast(whole // 4) as spy:
+        got = torch.autograd.grad(y, params, expanded)
+    assert not spy.copies, spy.copies  # nor on the way from autograd to the op
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+class DenseCopiesOfBroadcast(TorchDispatchMode):
+    """The ATen ops that read a tensor with a stride-0 dimension (a
+    broadcast) of at least `numel` elements and return a dense one as large:
+    a copy of the broadcast."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.copies = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "aten":
+            def large(t, broadcast):
+                return isinstance(t, torch.Tensor) and t.numel() >= self.numel and (0 in t.stride()) == broadcast
+            if any(large(t, True) for t in tree_leaves((args, kwargs))) and any(large(t, False) for t in tree_leaves(out)):
+                self.copies.append(str(func))
+        return out
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
