@@ -515,6 +515,25 @@ def test_non_contiguous_inputs(dtype):
         assert rel_err(out, ref_g) < max(TOL[dtype], 1e-4)
 
 
+class DenseCopiesOfBroadcast(TorchDispatchMode):
+    """The ATen ops that read a tensor with a stride-0 dimension (a
+    broadcast) of at least `numel` elements and return a dense one as large:
+    a copy of the broadcast."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.copies = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "aten":
+            def large(t, broadcast):
+                return isinstance(t, torch.Tensor) and t.numel() >= self.numel and (0 in t.stride()) == broadcast
+            if any(large(t, True) for t in tree_leaves((args, kwargs))) and any(large(t, False) for t in tree_leaves(out)):
+                self.copies.append(str(func))
+        return out
+
+
 def backward_op_call(cell, T, B, H):
     """A forward op's outputs and a function of grad_y that calls the cell's
     backward op on them (no autograd: what it allocates is the op's alone)."""
@@ -574,25 +593,6 @@ def test_a_sums_gradient_is_not_copied_whole(cell):
     assert not spy.copies, spy.copies  # nor on the way from autograd to the op
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
-
-
-class DenseCopiesOfBroadcast(TorchDispatchMode):
-    """The ATen ops that read a tensor with a stride-0 dimension (a
-    broadcast) of at least `numel` elements and return a dense one as large:
-    a copy of the broadcast."""
-
-    def __init__(self, numel):
-        super().__init__()
-        self.numel, self.copies = numel, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.namespace == "aten":
-            def large(t, broadcast):
-                return isinstance(t, torch.Tensor) and t.numel() >= self.numel and (0 in t.stride()) == broadcast
-            if any(large(t, True) for t in tree_leaves((args, kwargs))) and any(large(t, False) for t in tree_leaves(out)):
-                self.copies.append(str(func))
-        return out
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
