@@ -12,6 +12,9 @@
  *   d8   tagged words {4 B payload, 32-bit tag} (the grid tier's words): no
  *        fence, no flag; readers load every word, then re-load the stale ones
  *        in rounds (all of them in flight together) until every tag matches
+ *   d8 4 / 8 loads in flight: d8 polled as the float32 gated grid kernel
+ *        polls (exchange.cuh), a thread's chunks through 4 or 8 slots, a
+ *        slot moving on once its chunk is fresh: n chunks, n / slots rounds
  *   d12  16-byte words {12 B payload, one 32-bit tag}
  *   d16  16-byte words of two 8-byte halves {6 B payload, 16-bit tag}
  *   f    d16 where a CTA reads only 1/2, 1/4 or 1/8 of the state
@@ -59,11 +62,17 @@ const long long kWatchdogCycles = 4000000000ll; /* ~2 s at the H200's 1.98 GHz *
  * s - 2, i.e. finish reading s - 3: four buffers suffice. */
 const int kRing = 4;
 
-enum Variant { kGridSync, kBarrierRead, kFlagRead, kTagged8, kTagged12, kTagged16, kRelayDsmem, kRelayBulk };
+enum Variant {
+  kGridSync, kBarrierRead, kFlagRead, kTagged8, kTagged12, kTagged16, kRelayDsmem, kRelayBulk,
+  kTagged8Slots4, kTagged8Slots8 /* d8 polled with 4 or 8 loads in flight a thread */
+};
 enum Format { kPlain, kTag8, kTag12, kTag16 };
 
 __host__ __device__ constexpr Format format_of(int v) {
-  return v == kTagged8 ? kTag8 : v == kTagged12 ? kTag12 : (v == kTagged16 || v == kRelayDsmem) ? kTag16 : kPlain;
+  return (v == kTagged8 || v == kTagged8Slots4 || v == kTagged8Slots8) ? kTag8
+         : v == kTagged12                                                ? kTag12
+         : (v == kTagged16 || v == kRelayDsmem)                          ? kTag16
+                                                                         : kPlain;
 }
 /* Payload bytes a 16-byte chunk carries in each format. */
 __host__ __device__ constexpr int payload_bytes(Format f) { return f == kPlain ? 16 : f == kTag8 ? 8 : 12; }
@@ -153,6 +162,32 @@ __device__ __forceinline__ void read_fresh(const uint4 *buf, int r0, int r1, uns
       if (first + k * kThreads < r1 && !fresh<F>(w[k], s)) w[k] = load_chunk<F>(buf + first + k * kThreads);
     dog.check();
   }
+}
+
+/* d8's chunks [r0, r1) polled as the float32 gated grid kernel polls its
+ * words (exchange.cuh's poll_word_pairs): SLOTS loads in flight a thread, a
+ * slot moving on to its next chunk once its chunk is fresh, so a thread's n
+ * chunks take at least n / SLOTS dependent rounds. Returns how many chunks
+ * differed from step s's. */
+template <int SLOTS>
+__device__ __forceinline__ unsigned read_in_slots(const uint4 *buf, int r0, int r1, unsigned s) {
+  const int first = r0 + (int)threadIdx.x;
+  const int end = first < r1 ? (r1 - first + kThreads - 1) / kThreads : 0; /* this thread's chunks */
+  unsigned wrong = 0;
+  poll_word_pairs<SLOTS>(
+      s, end,
+      [&](int (&at)[SLOTS]) {
+#pragma unroll
+        for (int j = 0; j < SLOTS; ++j) at[j] = j;
+      },
+      [&](int c) { return c + SLOTS; },
+      [&](int c) { return reinterpret_cast<const unsigned long long *>(buf + first + c * kThreads); },
+      [&](int c, unsigned long long w0, unsigned long long w1) {
+        const uint4 got = make_uint4((unsigned)w0, (unsigned)(w0 >> 32), (unsigned)w1, (unsigned)(w1 >> 32));
+        wrong += !same(got, expected_chunk<kTag8>(s, first + c * kThreads));
+      });
+  __syncwarp();
+  return wrong;
 }
 
 /* How many of w's chunks (as read_fresh placed them) differ from step s's. */
@@ -258,9 +293,13 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(const ProbeParams
         raise_flag(p.flags + cta, s);
         wait_flags(p.flags, s);
       }
-      uint4 w[N];
-      read_fresh<F, N>(buf, read0, read1, s, w);
-      wrong += count_wrong<F, N>(w, read0, read1, s);
+      if constexpr (V == kTagged8Slots4 || V == kTagged8Slots8) {
+        wrong += read_in_slots<V == kTagged8Slots4 ? 4 : 8>(buf, read0, read1, s);
+      } else {
+        uint4 w[N];
+        read_fresh<F, N>(buf, read0, read1, s, w);
+        wrong += count_wrong<F, N>(w, read0, read1, s);
+      }
       __syncthreads(); /* the whole step read before this CTA publishes the next */
     }
   }
@@ -287,6 +326,8 @@ static const void *kernel_for(int variant, int n) {
     case kTagged12: return kernel_for<kTagged12>(n);
     case kTagged16: return kernel_for<kTagged16>(n);
     case kRelayDsmem: return kernel_for<kRelayDsmem>(n);
+    case kTagged8Slots4: return (const void *)exchange_kernel<kTagged8Slots4, 1>; /* holds no chunks */
+    case kTagged8Slots8: return (const void *)exchange_kernel<kTagged8Slots8, 1>;
     default: return (const void *)exchange_kernel<kRelayBulk, 1>; /* holds no chunks */
   }
 }
@@ -371,6 +412,8 @@ int main(void) {
       {"b  grid.sync + read all", kBarrierRead, 1, 0},
       {"c  flag per CTA + read all", kFlagRead, 1, 0},
       {"d8  tagged {4 B, tag32}", kTagged8, 1, 0},
+      {"d8  4 loads in flight", kTagged8Slots4, 1, 0},
+      {"d8  8 loads in flight", kTagged8Slots8, 1, 0},
       {"d12 tagged {12 B, tag32}", kTagged12, 1, 0},
       {"d16 tagged 2x{6 B, tag16}", kTagged16, 1, 0},
       {"f  d16, read 1/2", kTagged16, 2, 0},
