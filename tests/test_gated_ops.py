@@ -779,7 +779,8 @@ def test_ffma_family_takes_the_forward_by_default(cell, monkeypatch):
     call through both against the float64 loop; PRNN_GATED_FFMA=0 leaves
     both passes to the persistent family."""
     H, B, T = 1024, 4, 9
-    if torch.cuda.get_device_capability() < (8, 0) or torch.cuda.get_device_properties(0).multi_processor_count < H // 8:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if torch.cuda.get_device_capability() < (8, 0) or sms < H // 8:
         pytest.skip("the float32 grid family needs sm_80 and an SM for each of its 128 CTAs at H = 1024")
     monkeypatch.delenv("PRNN_GATED_FFMA", raising=False)
     tiers = [torch_prnn.plan(H, batch=B, cell=cell, dtype=torch.float32, device="cuda", backward=bw)["tier"]

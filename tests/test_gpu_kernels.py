@@ -529,7 +529,8 @@ class DenseCopiesOfBroadcast(TorchDispatchMode):
         if func.namespace == "aten":
             def large(t, broadcast):
                 return isinstance(t, torch.Tensor) and t.numel() >= self.numel and (0 in t.stride()) == broadcast
-            if any(large(t, True) for t in tree_leaves((args, kwargs))) and any(large(t, False) for t in tree_leaves(out)):
+            reads_broadcast = any(large(t, True) for t in tree_leaves((args, kwargs)))
+            if reads_broadcast and any(large(t, False) for t in tree_leaves(out)):
                 self.copies.append(str(func))
         return out
 

@@ -401,8 +401,9 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
   const prnn_problem_t *pb = request.problem;
   const bool backward = request.backward;
   const int device = request.device;
-  if (prnn_gated_ffma_passes() < (backward ? 2 : 1) || pb->dtype != PRNN_DTYPE_FLOAT32 || pb->proj_size > 0 || request.dev.major < 8 ||
-      !request.dev.cooperative || pb->hidden > kMaxHidden || device < 0 || device >= kMaxDevices)
+  if (prnn_gated_ffma_passes() < (backward ? 2 : 1) || pb->dtype != PRNN_DTYPE_FLOAT32 || pb->proj_size > 0 ||
+      request.dev.major < 8 || !request.dev.cooperative || pb->hidden > kMaxHidden || device < 0 ||
+      device >= kMaxDevices)
     return PRNN_STATUS_SUCCESS;
   const int H = (int)pb->hidden, G = prnn_cell_gates(pb->cell);
   const int ctas = (H + kUnits - 1) / kUnits, Hp = ctas * kUnits, K = backward ? G * Hp : H;
