@@ -791,16 +791,20 @@ def test_ffma_family_takes_the_forward_by_default(cell, monkeypatch):
     monkeypatch.delenv("PRNN_GATED_FFMA")
     inputs = make_inputs(cell, T, B, H, 0, torch.float32, "cuda", seed=H + B)
     lengths = torch.tensor([T, 1, 5, 0])
-    grads = grads_of_a_pass(cell, inputs, lengths)
+    y, h_n, c_n, _ = run(cell, inputs, lengths)
     exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
+    for name, o, r in zip(("y", "h_n", "c_n"), (y, h_n, c_n), reference(cell, **exact, lengths=lengths)):
+        if o is not None:
+            assert rel_err(o, r) < TOL[torch.float32], (name, rel_err(o, r))
+    grads = grads_of_a_pass(cell, inputs, lengths)
     ref_grads = grads_of_a_pass(cell, exact, lengths)
-    for name, g in grads.items():
-        r = ref_grads[name]
-        if g is None:
-            assert r is None, name
-            continue
-        err = ((g.double().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-        assert err < 1e-4, (name, err)
+    # the same pass on the CPU in float32 carries the rounding error a sum that cancels has
+    cpu_grads = grads_of_a_pass(cell, {k: v.detach().cpu() if v is not None else None for k, v in inputs.items()},
+                                lengths)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        err, err_cpu = rel_err(grads[name], ref_grads[name]), rel_err(cpu_grads[name], ref_grads[name])
+        assert err < max(TOL[torch.float32], 2 * err_cpu), (name, err, err_cpu)
 
 
 def check_grid_family(cell, dtype, cases, family_takes, monkeypatch):
