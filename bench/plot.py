@@ -83,6 +83,6 @@ if __name__ == "__main__":
     records, table = load(path, args.cell)
     print(f"wrote {plot(path, table, args.cell)}")
     r, dates = records[0], sorted({r["date"] for r in records})
-    print(f"\n{r['device']}, torch {r['torch']}, CUDA {r['cuda']}, {' to '.join(dict.fromkeys((dates[0], dates[-1])))}; "
-          "us per step, median of CUDA-event timings\n")
+    when = " to ".join(dict.fromkeys((dates[0], dates[-1])))  # one date, or the first and the last
+    print(f"\n{r['device']}, torch {r['torch']}, CUDA {r['cuda']}, {when}; us per step, median of CUDA-event timings\n")
     print(markdown(table))
