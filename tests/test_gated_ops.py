@@ -692,11 +692,8 @@ def test_cluster_family_cuda(cell, dtype, monkeypatch):
         lengths = torch.tensor([min((T, 0, 17, 1)[b % 4], T) for b in range(B)])
         y, h_n, c_n, saved = run(cell, inputs, lengths, save=True)
         grads = grads_of_a_pass(cell, inputs, lengths)
-        exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
-        ref = reference(cell, **exact, lengths=lengths)
-        for name, o, r in zip(("y", "h_n", "c_n"), (y, h_n, c_n), ref):
-            if o is not None:
-                assert o.dtype == dtype and rel_err(o, r) < TOL[dtype], (H, B, name, rel_err(o, r))
+        exact = exact_copy(inputs)
+        check_outputs(cell, (y, h_n, c_n), exact, lengths, dtype, (H, B))
         monkeypatch.setenv("PRNN_DISABLE_CLUSTER_TIER", "1")  # the gated planner reads it at each plan
         assert torch_prnn.plan(H, batch=B, cell=cell, dtype=dtype, device="cuda")["tier"] != "persistent_cluster"
         y2, h_n2, c_n2, saved2 = run(cell, inputs, lengths, save=True)
@@ -792,19 +789,9 @@ def test_ffma_family_takes_the_forward_by_default(cell, monkeypatch):
     inputs = make_inputs(cell, T, B, H, 0, torch.float32, "cuda", seed=H + B)
     lengths = torch.tensor([T, 1, 5, 0])
     y, h_n, c_n, _ = run(cell, inputs, lengths)
-    exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
-    for name, o, r in zip(("y", "h_n", "c_n"), (y, h_n, c_n), reference(cell, **exact, lengths=lengths)):
-        if o is not None:
-            assert rel_err(o, r) < TOL[torch.float32], (name, rel_err(o, r))
-    grads = grads_of_a_pass(cell, inputs, lengths)
-    ref_grads = grads_of_a_pass(cell, exact, lengths)
-    # the same pass on the CPU in float32 carries the rounding error a sum that cancels has
-    cpu_grads = grads_of_a_pass(cell, {k: v.detach().cpu() if v is not None else None for k, v in inputs.items()},
-                                lengths)
-    assert grads.keys() == ref_grads.keys()
-    for name in grads:
-        err, err_cpu = rel_err(grads[name], ref_grads[name]), rel_err(cpu_grads[name], ref_grads[name])
-        assert err < max(TOL[torch.float32], 2 * err_cpu), (name, err, err_cpu)
+    exact = exact_copy(inputs)
+    check_outputs(cell, (y, h_n, c_n), exact, lengths, torch.float32)
+    check_grads(cell, inputs, exact, lengths, grads_of_a_pass(cell, inputs, lengths), torch.float32)
 
 
 def check_grid_family(cell, dtype, cases, family_takes, monkeypatch):
@@ -831,25 +818,41 @@ def check_grid_family(cell, dtype, cases, family_takes, monkeypatch):
         padded = off_the_grid_batch(H, B, cell, dtype)
         grads2 = grads_of_a_pass(cell, inputs, lengths, pad_to=padded) if padded else None
         monkeypatch.delenv("PRNN_DISABLE_CLUSTER_TIER", raising=False)
-        exact = {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
-        ref = reference(cell, **exact, lengths=lengths)
-        for name, o, r in zip(("y", "h_n", "c_n"), (y, h_n, c_n), ref):
-            if o is not None:
-                assert o.dtype == dtype and rel_err(o, r) < TOL[dtype], (H, B, name, rel_err(o, r))
+        exact = exact_copy(inputs)
+        check_outputs(cell, (y, h_n, c_n), exact, lengths, dtype, (H, B))
         saved64 = run(cell, exact, lengths, save=True)[3]
         assert rel_err(saved, saved64) < TOL[dtype], (H, B, rel_err(saved, saved64))
-        ref_grads = grads_of_a_pass(cell, exact, lengths, weight_dtype=dtype)
-        # The same pass on the CPU in the same dtype: a gradient whose terms
-        # cancel (H = 1: grad_h0 is one sum) carries its own rounding error.
-        cpu_grads = grads_of_a_pass(cell, {k: v.detach().cpu() if v is not None else None for k, v in inputs.items()},
-                                    lengths)
-        for name in grads:
-            err = rel_err(grads[name], ref_grads[name])
-            err2 = rel_err(grads2[name], ref_grads[name]) if grads2 else TOL[dtype] / 2
-            err_cpu = rel_err(cpu_grads[name], ref_grads[name])
-            print(f"{cell} {dtype} H={H} B={B} grad {name}: grid {err:.2e}, persistent {err2:.2e} (batch {padded}), "
-                  f"cpu {err_cpu:.2e}")
-            assert err < max(TOL[dtype], 2 * err2, 2 * err_cpu), (H, B, name, err, err2, err_cpu)
+        check_grads(cell, inputs, exact, lengths, grads, dtype, (H, B, f"persistent at batch {padded}"), grads2)
+
+
+def exact_copy(inputs):
+    """The inputs as float64 on the CPU: the reference's exact inputs."""
+    return {k: v.detach().cpu().double() if v is not None else None for k, v in inputs.items()}
+
+
+def check_outputs(cell, outputs, exact, lengths, dtype, what=()):
+    """y, h_n (and c_n) against the float64 loop on the exact inputs, each
+    within TOL[dtype] and in dtype."""
+    for name, o, r in zip(("y", "h_n", "c_n"), outputs, reference(cell, **exact, lengths=lengths)):
+        if o is not None:
+            assert o.dtype == dtype and rel_err(o, r) < TOL[dtype], (*what, name, rel_err(o, r))
+
+
+def check_grads(cell, inputs, exact, lengths, grads, dtype, what=(), other_grads=None):
+    """A pass's gradients against the float64 pass's on the exact inputs
+    (weighted in dtype): within TOL[dtype], twice the same pass's error on
+    the CPU in dtype (a gradient whose terms cancel, as grad_h0 at H = 1,
+    carries its own rounding error), or twice another family's error on the
+    same inputs (other_grads)."""
+    ref_grads = grads_of_a_pass(cell, exact, lengths, weight_dtype=dtype)
+    cpu_grads = grads_of_a_pass(cell, {k: v.detach().cpu() if v is not None else None for k, v in inputs.items()},
+                                lengths)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        err, err_cpu = rel_err(grads[name], ref_grads[name]), rel_err(cpu_grads[name], ref_grads[name])
+        err_other = rel_err(other_grads[name], ref_grads[name]) if other_grads else TOL[dtype] / 2
+        print(f"{cell} {dtype} {what} grad {name}: {err:.2e}, other {err_other:.2e}, cpu {err_cpu:.2e}")
+        assert err < max(TOL[dtype], 2 * err_other, 2 * err_cpu), (*what, name, err, err_other, err_cpu)
 
 
 def grads_of_a_pass(cell, inputs, lengths, weight_dtype=None, pad_to=None):

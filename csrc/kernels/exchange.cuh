@@ -53,11 +53,15 @@ __device__ __forceinline__ unsigned tag_of(unsigned long long w) { return (unsig
 __device__ __forceinline__ float payload_float(unsigned long long w) { return __uint_as_float((uint32_t)w); }
 
 /* Polls 16-byte pairs of words until both words of each carry `tag`, with
- * SLOTS loads in flight: a cursor c < end names a pair, word(c) its first
- * word; init(at) sets each slot's first cursor; once a slot's pair is in,
- * store(c, w0, w1) takes it and the slot moves to next(c). Returns when every
- * slot's cursor is past end. The grid families' exchange (gated_grid.cu,
- * gated_ffma.cu): each warp polls the words its products need. */
+ * SLOTS loads in flight a lane: a cursor c < end names a pair, word(c) its
+ * first word; init(at) sets each slot's first cursor; store(c, w0, w1) takes
+ * a pair that is in, and the slot moves to next(c). The warp polls a batch
+ * (each lane's SLOTS current pairs) until every lane's is in, re-loading
+ * only the stale ones, then takes the batch and loads the next: each round
+ * is one wave of loads a warp. Returns when every lane's cursors are past
+ * end; the whole warp calls it. The grid families' exchange
+ * (gated_grid.cu, gated_ffma.cu): each warp polls the words its products
+ * need. */
 template <int SLOTS, class Init, class Next, class Word, class Store>
 __device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, Init init, Next next, Word word, Store store) {
   int at[SLOTS];
@@ -67,21 +71,31 @@ __device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, Init init
   for (int j = 0; j < SLOTS; ++j)
     if (at[j] < end) load_word_pair(word(at[j]), w[j][0], w[j][1]);
   unsigned long long since = 0; /* for the watchdog */
-  for (unsigned round = 1;; ++round) {
-    bool busy = false;
+  unsigned round = 0;
+  for (;;) {
+    for (;;) {
+      bool in = true;
+#pragma unroll
+      for (int j = 0; j < SLOTS; ++j) in &= at[j] >= end || (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag);
+      if (__all_sync(0xffffffffu, in)) break;
+#pragma unroll
+      for (int j = 0; j < SLOTS; ++j)
+        if (at[j] < end && (tag_of(w[j][0]) != tag || tag_of(w[j][1]) != tag))
+          load_word_pair(word(at[j]), w[j][0], w[j][1]);
+      watchdog(++round, &since);
+    }
+    bool more = false;
 #pragma unroll
     for (int j = 0; j < SLOTS; ++j) {
       if (at[j] >= end) continue;
-      busy = true;
-      if (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag) {
-        store(at[j], w[j][0], w[j][1]);
-        at[j] = next(at[j]);
-        if (at[j] >= end) continue;
+      store(at[j], w[j][0], w[j][1]);
+      at[j] = next(at[j]);
+      if (at[j] < end) {
+        load_word_pair(word(at[j]), w[j][0], w[j][1]);
+        more = true;
       }
-      load_word_pair(word(at[j]), w[j][0], w[j][1]);
     }
-    if (!busy) break;
-    watchdog(round, &since);
+    if (!__any_sync(0xffffffffu, more)) break;
   }
 }
 

@@ -174,7 +174,8 @@ __device__ __forceinline__ float sum_partials(const float *partial, int n, int r
  * them. Pair i of the slice (sequence i / P, words 2 (i % P), + 1 of the
  * slice; P = KW / 2) goes to lane i % 32; a lane's pairs go through kSlots
  * loads in flight (fewer where the lane's values of A leave fewer
- * registers), slot j taking its pairs j, j + kSlots, ... */
+ * registers), slot j taking its pairs j, j + kSlots, ..., in batches the
+ * warp polls together (poll_word_pairs). */
 template <class Sh>
 __device__ __forceinline__ void poll_slice(const unsigned long long *src, int words, int live, unsigned tag,
                                            float *state, int warp, int lane) {

@@ -91,9 +91,9 @@ __device__ __forceinline__ void zero_state(const MmaSmem<S> &sm, int tid) {
  * __syncwarp, so that the warp's ldmatrix sees them. A lane's 16-byte pairs
  * lane, lane + 32, ... (pair i: sequence i / P, pair i % P of its P in the
  * slice) go through SLOTS loads in flight, slot j taking the lane's pairs
- * j, j + SLOTS, ..., the next one as soon as its current one is in. A
- * slot's cursor steps without a division, so that a polling round costs a
- * few instructions a slot. */
+ * j, j + SLOTS, ..., in batches the warp polls together (poll_word_pairs).
+ * A slot's cursor steps without a division, so that a polling round costs
+ * a few instructions a slot. */
 template <class S, int SLOTS>
 __device__ __forceinline__ void load_slice(const unsigned long long *src, int words, int live, unsigned tag,
                                            unsigned short *state, int warp, int lane) {
