@@ -743,11 +743,11 @@ def test_grid_family_cuda(cell, dtype, monkeypatch):
 
 # (H, B, T, bias) for the float32 grid family (gated_ffma.cu): its K extents
 # (forward 256, 512, 1024; backward 1024, 2048, 4096), CTA boundaries (8
-# units), groups of 1, 4 and 8 sequences, one group and several (H <= 528
+# units), groups of 1, 2, 4 and 8 sequences, one group and several (H <= 528
 # holds two groups of up to 8 on 132 SMs), T from 1 up, with and without b_hh.
 FFMA_CASES = [(1, 1, 3, True), (9, 3, 24, True), (200, 9, 2, False), (256, 1, 5, True), (257, 4, 24, True),
-              (512, 2, 1, True), (513, 5, 24, True), (640, 8, 3, True), (1000, 3, 24, False), (1024, 1, 7, True),
-              (1024, 8, 24, True)]
+              (512, 2, 1, True), (513, 5, 24, True), (520, 4, 5, True), (640, 8, 3, True), (1000, 3, 24, False),
+              (1024, 1, 7, True), (1024, 2, 24, True), (1024, 8, 24, True)]
 
 
 @needs_cuda

@@ -174,13 +174,11 @@ __device__ __forceinline__ unsigned read_in_slots(const uint4 *buf, int r0, int 
   const int first = r0 + (int)threadIdx.x;
   const int end = first < r1 ? (r1 - first + kThreads - 1) / kThreads : 0; /* this thread's chunks */
   unsigned wrong = 0;
-  poll_word_pairs<SLOTS>(
-      s, end,
-      [&](int (&at)[SLOTS]) {
+  int start[SLOTS];
 #pragma unroll
-        for (int j = 0; j < SLOTS; ++j) at[j] = j;
-      },
-      [&](int c) { return c + SLOTS; },
+  for (int j = 0; j < SLOTS; ++j) start[j] = j;
+  poll_word_pairs<SLOTS>(
+      s, end, start, [&](int c) { return c + SLOTS; },
       [&](int c) { return reinterpret_cast<const unsigned long long *>(buf + first + c * kThreads); },
       [&](int c, unsigned long long w0, unsigned long long w1) {
         const uint4 got = make_uint4((unsigned)w0, (unsigned)(w0 >> 32), (unsigned)w1, (unsigned)(w1 >> 32));

@@ -60,7 +60,9 @@ struct FfmaShape {
   static const int kSliceWidth = kParts * KL;                        /* KW: columns of a warp */
   static const int kExtent = kWarps * kSliceWidth;                   /* columns of A a CTA covers */
   static const int kPartialPitch = kRows + 1;
-  static const int kSlots = KL < 64 ? 8 : 4;                         /* 16-byte pairs a lane has in flight in a poll */
+  /* 16-byte pairs a lane has in flight in a poll: at KL = 64 a lane has 2 S
+   * pairs, all in flight up to S = 4; more slots than pairs cost registers */
+  static const int kSlots = KL < 64 || S == 4 ? 8 : 4;
   static const int kStepBytes = (S * kExtent + kWarps * S * kPartialPitch) * (int)sizeof(float);
   static const int kStagePitch = kExtent + 4;                        /* half of A staged [R / 2][kExtent + 4] */
   static const int kStageBytes = kRowLanes * kStagePitch * (int)sizeof(float);
@@ -167,41 +169,47 @@ __device__ __forceinline__ float sum_partials(const float *partial, int n, int r
   return (s4[0] + s4[1]) + (s4[2] + s4[3]);
 }
 
-/* Warp `warp`'s K slice of the exchanged state of tag `tag`: words
- * [w KW, w KW + KW), cut at `words`, of each of the `live` sequences of
- * `words` words from `src`, polled until every tag matches, into `state`
- * ([sequence][kExtent]); then __syncwarp, so that the warp's products see
- * them. Pair i of the slice (sequence i / P, words 2 (i % P), + 1 of the
- * slice; P = KW / 2) goes to lane i % 32; a lane's pairs go through kSlots
- * loads in flight (fewer where the lane's values of A leave fewer
- * registers), slot j taking its pairs j, j + kSlots, ..., in batches the
- * warp polls together (poll_word_pairs). */
+/* Warp `warp`'s K slice of the exchanged state: words [w KW, w KW + KW),
+ * cut at `words`, of each of the `live` sequences of `words` words. Pair i
+ * of the slice (sequence i / P, words 2 (i % P), + 1 of the slice;
+ * P = KW / 2) goes to lane i % 32; a lane's pairs go through kSlots loads
+ * in flight (fewer where the lane's values of A leave fewer registers),
+ * slot j taking its pairs j, j + kSlots, ..., in batches the warp polls
+ * together (poll_word_pairs). The slots' first cursors are set each step
+ * (a few instructions with P a power of 2): registers to hold them across
+ * the steps would spill. */
 template <class Sh>
-__device__ __forceinline__ void poll_slice(const unsigned long long *src, int words, int live, unsigned tag,
-                                           float *state, int warp, int lane) {
-  const int P = Sh::kSliceWidth / 2, first = warp * Sh::kSliceWidth;
-  const int pairs = min(Sh::kSliceWidth, words - first) / 2; /* words is even: a pair never straddles sequences */
-  if (pairs <= 0) return; /* columns past the exchanged values: zero since the start */
-  const int end = live * P;
+struct SlicePoll {
+  static const int P = Sh::kSliceWidth / 2, kSlots = Sh::kSlots;
+  int first, pairs, end, lane;
+  __device__ __forceinline__ SlicePoll(int words, int live, int warp, int lane_) : lane(lane_) {
+    first = warp * Sh::kSliceWidth;
+    pairs = min(Sh::kSliceWidth, words - first) / 2; /* words is even: a pair never straddles sequences */
+    end = pairs > 0 ? live * P : 0;                  /* none past columns no word covers: zero since the start */
+  }
   /* the first of a slot's pairs from i that lies in the slice (the last warp's is cut at `words`) */
-  const int kSlots = Sh::kSlots;
-  auto live_from = [&](int i) {
+  __device__ __forceinline__ int live_from(int i) const {
     while (i < end && i % P >= pairs) i += 32 * kSlots;
     return i;
-  };
-  poll_word_pairs<kSlots>(
-      tag, end,
-      [&](int (&at)[kSlots]) {
+  }
+  /* The slice of tag `tag` from `src`, polled until every tag matches, into
+   * `state` ([sequence][kExtent]); then __syncwarp, so that the warp's
+   * products see it. */
+  __device__ __forceinline__ void load(const unsigned long long *src, int words, unsigned tag, float *state) const {
+    if (end == 0) return;
+    int start[kSlots];
 #pragma unroll
-        for (int j = 0; j < kSlots; ++j) at[j] = live_from(lane + 32 * j);
-      },
-      [&](int i) { return live_from(i + 32 * kSlots); }, [&](int i) { return src + i / P * words + first + 2 * (i % P); },
-      [&](int i, unsigned long long w0, unsigned long long w1) {
-        *reinterpret_cast<float2 *>(state + i / P * Sh::kExtent + first + 2 * (i % P)) =
-            make_float2(payload_float(w0), payload_float(w1));
-      });
-  __syncwarp();
-}
+    for (int j = 0; j < kSlots; ++j) start[j] = live_from(lane + 32 * j);
+    poll_word_pairs<kSlots>(
+        tag, end, start, [&](int i) { return live_from(i + 32 * kSlots); },
+        [&](int i) { return src + i / P * words + first + 2 * (i % P); },
+        [&](int i, unsigned long long w0, unsigned long long w1) {
+          *reinterpret_cast<float2 *>(state + i / P * Sh::kExtent + first + 2 * (i % P)) =
+              make_float2(payload_float(w0), payload_float(w1));
+        });
+    __syncwarp();
+  }
+};
 #endif
 
 /* Forward: the step as the file's header says. */
@@ -236,12 +244,13 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   const bool publishes = n < live, mine = publishes && u < H;
   ForwardUnitState<Cell, float> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
+  const SlicePoll<Sh> slice(words, live, warp, lane);
   float *y = static_cast<float *>(p.y);
 
   for (int t = 0; t < T; ++t) {
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
-      poll_slice<Sh>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp, lane);
+      slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, (unsigned)t, state);
     }
     products<Sh, KL, S>(a, state, partial, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
@@ -307,11 +316,12 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_backward(const GatedPa
   const bool publishes = n < live, mine = publishes && u < H;
   BackwardUnitState<Cell, float> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
+  const SlicePoll<Sh> slice(words, live, warp, lane);
 
   for (int s = 0; s <= T; ++s) {
     if (s > 0) {
       __syncthreads(); /* as the forward's */
-      poll_slice<Sh>(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, live, (unsigned)s, state, warp, lane);
+      slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, (unsigned)s, state);
       products<Sh, KL, S>(a, state, partial, warp, lane);
       __syncthreads(); /* every warp's partial sums in */
     }
@@ -335,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_backward(const GatedPa
 
 /* The compiled KL (columns of a row a lane) and S (sequences a group). */
 const int kColumnsPerLane[] = {16, 32, 64};
-const int kGroupSeqs[] = {1, 4, 8};
+const int kGroupSeqs[] = {1, 2, 4, 8};
 const int kShapesKL = sizeof(kColumnsPerLane) / sizeof(kColumnsPerLane[0]);
 const int kShapesS = sizeof(kGroupSeqs) / sizeof(kGroupSeqs[0]);
 
@@ -358,7 +368,8 @@ template <class Cell, int KL>
 FfmaKernel kernel_of_seqs(bool backward, int s_index) {
   switch (s_index) {
     case 0: return kernel_of_shape<Cell, KL, 1>(backward);
-    case 1: return kernel_of_shape<Cell, KL, 4>(backward);
+    case 1: return kernel_of_shape<Cell, KL, 2>(backward);
+    case 2: return kernel_of_shape<Cell, KL, 4>(backward);
     default: return kernel_of_shape<Cell, KL, 8>(backward);
   }
 }

@@ -84,39 +84,49 @@ __device__ __forceinline__ void zero_state(const MmaSmem<S> &sm, int tid) {
   __syncthreads();
 }
 
-/* Warp `warp`'s K slice of the exchanged state (tag `tag`): state columns
- * [16 KT warp, 16 KT warp + 16 KT) (KT = S::kKTiles), word k = columns 2k,
- * 2k + 1, of each of the `live` sequences of `words` words at `src`, polled
- * until every tag matches, into `state` ([sequence][kStatePitch]); then
- * __syncwarp, so that the warp's ldmatrix sees them. A lane's 16-byte pairs
+/* Warp `warp`'s K slice of the exchanged state: state columns [16 KT warp,
+ * 16 KT warp + 16 KT) (KT = S::kKTiles), word k = columns 2k, 2k + 1, of
+ * each of the `live` sequences of `words` words. A lane's 16-byte pairs
  * lane, lane + 32, ... (pair i: sequence i / P, pair i % P of its P in the
  * slice) go through SLOTS loads in flight, slot j taking the lane's pairs
  * j, j + SLOTS, ..., in batches the warp polls together (poll_word_pairs).
- * A slot's cursor steps without a division, so that a polling round costs
- * a few instructions a slot. */
+ * The cursors are the same every step, so they are set once, before the
+ * steps; a slot's cursor steps without a division, so that a polling round
+ * costs a few instructions a slot. */
 template <class S, int SLOTS>
-__device__ __forceinline__ void load_slice(const unsigned long long *src, int words, int live, unsigned tag,
-                                           unsigned short *state, int warp, int lane) {
-  const int first = 8 * S::kKTiles * warp;
-  const int P = min(8 * S::kKTiles, max(words - first, 0)) / 2; /* even width: a pair never straddles two sequences */
-  if (P == 0) return; /* columns past the exchanged values: zero since the start */
-  /* slot j's cursor: 256 n + r for pair r of sequence n (P <= 4 G KT <= 128); none left once >= 256 live */
-  const int end = 256 * live, d32 = 32 / P * 256 + 32 % P, dS = SLOTS * 32 / P * 256 + SLOTS * 32 % P;
-  auto step = [&](int c, int d) { c += d; return (c & 255) >= P ? c + 256 - P : c; };
-  poll_word_pairs<SLOTS>(
-      tag, end,
-      [&](int (&at)[SLOTS]) {
-        at[0] = lane / P * 256 + lane % P;
+struct SlicePoll {
+  int first, P, end, dS;
+  int start[SLOTS]; /* slot j's first cursor: 256 n + r for pair r of sequence n (P <= 4 G KT <= 128) */
+  __device__ __forceinline__ SlicePoll(int words, int live, int warp, int lane) {
+    first = 8 * S::kKTiles * warp;
+    P = min(8 * S::kKTiles, max(words - first, 0)) / 2; /* even width: a pair never straddles two sequences */
+    end = P > 0 ? 256 * live : 0;                       /* none left once >= 256 live */
+    const int p = max(P, 1), d32 = 32 / p * 256 + 32 % p;
+    dS = SLOTS * 32 / p * 256 + SLOTS * 32 % p;
+    start[0] = lane / p * 256 + lane % p;
 #pragma unroll
-        for (int j = 1; j < SLOTS; ++j) at[j] = step(at[j - 1], d32);
-      },
-      [&](int c) { return step(c, dS); }, [&](int c) { return src + (c >> 8) * words + first + 2 * (c & 255); },
-      [&](int c, unsigned long long w0, unsigned long long w1) { /* words first + 2 r, + 1: columns 2 first + 4 r .. + 3 */
-        *reinterpret_cast<uint2 *>(state + (c >> 8) * S::kStatePitch + 2 * first + 4 * (c & 255)) =
-            make_uint2((uint32_t)w0, (uint32_t)w1);
-      });
-  __syncwarp();
-}
+    for (int j = 1; j < SLOTS; ++j) start[j] = step(start[j - 1], d32);
+  }
+  __device__ __forceinline__ int step(int c, int d) const {
+    c += d;
+    return (c & 255) >= P ? c + 256 - P : c;
+  }
+  /* The slice of tag `tag` from `src`, polled until every tag matches, into
+   * `state` ([sequence][kStatePitch]); then __syncwarp, so that the warp's
+   * ldmatrix sees it. */
+  __device__ __forceinline__ void load(const unsigned long long *src, int words, unsigned tag,
+                                       unsigned short *state) const {
+    if (P == 0) return; /* columns past the exchanged values: zero since the start */
+    poll_word_pairs<SLOTS>(
+        tag, end, start, [&](int c) { return step(c, dS); },
+        [&](int c) { return src + (c >> 8) * words + first + 2 * (c & 255); },
+        [&](int c, unsigned long long w0, unsigned long long w1) { /* words first + 2 r, + 1: columns 2 first + 4 r .. + 3 */
+          *reinterpret_cast<uint2 *>(state + (c >> 8) * S::kStatePitch + 2 * first + 4 * (c & 255)) =
+              make_uint2((uint32_t)w0, (uint32_t)w1);
+        });
+    __syncwarp();
+  }
+};
 #endif
 
 /* Forward: the step as the file's header says. */
@@ -143,6 +153,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   const bool mine = warp < live && lane < U && u < H;
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
+  const SlicePoll<S, KT> slice(words, live, warp, lane);
 
   /* Step t uses state buffer and partial sums t & 1: a warp writes buffer
    * t & 1 again at t + 2, after step t + 1's barriers, which every warp
@@ -155,8 +166,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
     const MmaSmem<S> step = sm.with_partials(cur);
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
-      load_slice<S, KT>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, live, (unsigned)t, state, warp,
-                        lane);
+      slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, (unsigned)t, state);
     }
     products_to_partials<S, E>(a, step, cur, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
@@ -207,14 +217,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
   const bool mine = warp < live && lane < U && u < H;
   BackwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
+  const SlicePoll<S, kBackwardSlots> slice(words, live, warp, lane);
 
   for (int s = 0; s <= T; ++s) {
     const int cur = s & 1;
     const MmaSmem<S> step = sm.with_partials(cur);
     if (s > 0) {
       __syncthreads(); /* as the forward's */
-      load_slice<S, kBackwardSlots>(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, live, (unsigned)s,
-                                    sm.state + cur * kMmaSeqs * S::kStatePitch, warp, lane);
+      slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, (unsigned)s,
+                 sm.state + cur * kMmaSeqs * S::kStatePitch);
       products_to_partials<S, E, kBackwardChains>(a, step, cur, warp, lane);
       __syncthreads(); /* every warp's partial sums in */
     }

@@ -106,19 +106,27 @@ struct UnitSaved {
   A prev;
 };
 
+/* A stored value x of type E as A: converted, or as stored where A is E. */
+template <typename A, typename E> struct Loaded {
+  static __device__ __forceinline__ A as(E x) { return A(to_accum(x)); }
+};
+template <typename E> struct Loaded<E, E> {
+  static __device__ __forceinline__ E as(E x) { return x; }
+};
+
 template <class Cell, typename E, typename A>
 __device__ __forceinline__ void load_unit_saved(const GatedParams &p, int t, int b, int u, UnitSaved<Cell, A> *in) {
   const int SV = Cell::kSaved, H = p.hidden, B = p.batch;
   const E *saved = static_cast<const E *>(p.saved);
   const size_t srow = ((size_t)t * B + b) * SV * H + u;
 #pragma unroll
-  for (int k = 0; k < SV; ++k) in->sv[k] = to_accum(saved[srow + (size_t)k * H]);
+  for (int k = 0; k < SV; ++k) in->sv[k] = Loaded<A, E>::as(saved[srow + (size_t)k * H]);
   if (Cell::kCarriesCell)
-    in->prev = t > 0 ? A(to_accum(saved[srow - (size_t)B * SV * H + (size_t)(SV - 1) * H]))
-                     : A(to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]));
+    in->prev = Loaded<A, E>::as(t > 0 ? saved[srow - (size_t)B * SV * H + (size_t)(SV - 1) * H]
+                                      : static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]);
   else
-    in->prev = t > 0 ? A(to_accum(static_cast<const E *>(p.y)[((size_t)(t - 1) * B + b) * p.state + u]))
-                     : A(to_accum(static_cast<const E *>(p.h0)[b * p.h0_stride_b + u]));
+    in->prev = Loaded<A, E>::as(t > 0 ? static_cast<const E *>(p.y)[((size_t)(t - 1) * B + b) * p.state + u]
+                                      : static_cast<const E *>(p.h0)[b * p.h0_stride_b + u]);
 }
 
 /* Backward of unit u of sequence b at an active step t; dh = dLoss/d(unit
@@ -153,29 +161,37 @@ __device__ __forceinline__ void zero_unit_grads(const GatedParams &p, int t, int
 
 /* ------------------------------------------------- a unit across steps */
 
-/* The G gate inputs xp of unit u of sequence b at step t (read-only here: written before the launch). */
+/* The G gate inputs xp of unit u of sequence b at step t as stored (zero
+ * for no unit or past the steps; read-only here: written before the launch). */
 template <class Cell, typename E>
 __device__ __forceinline__ void load_gate_inputs(const GatedParams &p, int t, int b, int u, bool mine,
-                                                 float (&xp)[Cell::kGates]) {
+                                                 E (&xp)[Cell::kGates]) {
   const E *src = static_cast<const E *>(p.xp) + t * p.xp_stride_t + b * p.xp_stride_b + u;
 #pragma unroll
-  for (int g = 0; g < Cell::kGates; ++g) xp[g] = mine && t < p.steps ? to_accum(__ldg(src + (size_t)g * p.hidden)) : 0.f;
+  for (int g = 0; g < Cell::kGates; ++g) {
+    xp[g] = Round<E>::to(0.f);
+    if (mine && t < p.steps) xp[g] = __ldg(src + (size_t)g * p.hidden);
+  }
 }
 
 /* What a thread's unit (sequence b, unit u; mine: it has one) carries
  * through the forward: its b_hh and c in registers, and xp of this step and
- * the next two (loads run two steps ahead, as in cluster.cuh). */
+ * the next two (loads run two steps ahead, as in cluster.cuh). The next
+ * steps' xp stay as stored until their step: converting a value waits for
+ * its load. */
 template <class Cell, typename E>
 struct ForwardUnitState {
   UnitInputs<Cell, float> in;
   float cell;
-  float next_xp[Cell::kGates], after_xp[Cell::kGates];
+  E next_xp[Cell::kGates], after_xp[Cell::kGates];
   __device__ __forceinline__ ForwardUnitState(const GatedParams &p, int b, int u, bool mine) {
     const E *b_hh = static_cast<const E *>(p.b_hh);
 #pragma unroll
     for (int g = 0; g < Cell::kGates; ++g) in.bias[g] = mine && b_hh != NULL ? to_accum(b_hh[g * p.hidden + u]) : 0.f;
     cell = mine && Cell::kCarriesCell ? to_accum(static_cast<const E *>(p.c0)[b * p.c0_stride_b + u]) : 0.f;
-    load_gate_inputs<Cell, E>(p, 0, b, u, mine, in.xp);
+    load_gate_inputs<Cell, E>(p, 0, b, u, mine, next_xp);
+#pragma unroll
+    for (int g = 0; g < Cell::kGates; ++g) in.xp[g] = to_accum(next_xp[g]);
     load_gate_inputs<Cell, E>(p, 1, b, u, mine, next_xp);
     load_gate_inputs<Cell, E>(p, 2, b, u, mine, after_xp);
   }
@@ -183,7 +199,7 @@ struct ForwardUnitState {
   __device__ __forceinline__ void advance(const GatedParams &p, int t, int b, int u, bool mine) {
 #pragma unroll
     for (int g = 0; g < Cell::kGates; ++g) {
-      in.xp[g] = next_xp[g];
+      in.xp[g] = to_accum(next_xp[g]);
       next_xp[g] = after_xp[g];
     }
     if (t + 3 < p.steps) load_gate_inputs<Cell, E>(p, t + 3, b, u, mine, after_xp);
@@ -197,10 +213,11 @@ struct ForwardUnitState {
 template <class Cell, typename E>
 struct BackwardUnitState {
   int len;
-  float carry_h, carry_c, direct, dy;
-  UnitSaved<Cell, float> in;
+  float carry_h, carry_c, direct;
+  UnitSaved<Cell, E> next; /* as stored until their step: converting a value waits for its load */
+  E next_dy;
   __device__ __forceinline__ BackwardUnitState(const GatedParams &p, int b, int u, bool mine)
-      : len(mine ? sequence_length(p.lengths, b, p.steps) : 0), direct(0.f), dy(0.f) {
+      : len(mine ? sequence_length(p.lengths, b, p.steps) : 0), direct(0.f), next_dy(Round<E>::to(0.f)) {
     const E *grad_h_n = static_cast<const E *>(p.grad_h_n), *grad_c_n = static_cast<const E *>(p.grad_c_n);
     carry_h = mine && grad_h_n != NULL ? to_accum(grad_h_n[b * p.grad_h_n_stride_b + u]) : 0.f;
     carry_c = mine && grad_c_n != NULL ? to_accum(grad_c_n[b * p.grad_c_n_stride_b + u]) : 0.f;
@@ -209,8 +226,8 @@ struct BackwardUnitState {
   /* The saved values and dy of step t (nothing past the length or for no unit). */
   __device__ __forceinline__ void load(const GatedParams &p, int t, int b, int u) {
     if (t >= 0 && t < len) {
-      load_unit_saved<Cell, E, float>(p, t, b, u, &in);
-      dy = to_accum(static_cast<const E *>(p.grad_y)[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u]);
+      load_unit_saved<Cell, E, E>(p, t, b, u, &next);
+      next_dy = static_cast<const E *>(p.grad_y)[t * p.grad_y_stride_t + b * p.grad_y_stride_b + u];
     }
   }
   /* Step s of this thread's unit from `later()`, its row of W_hh^T times the
@@ -227,7 +244,11 @@ struct BackwardUnitState {
       static_cast<E *>(p.grad_h0)[(size_t)b * H + u] = Round<E>::to(carry_h);
       if (Cell::kCarriesCell) static_cast<E *>(p.grad_c0)[(size_t)b * H + u] = Round<E>::to(carry_c);
     } else if (t < len) {
-      backward_unit<Cell, E, float>(p, t, b, u, in, dy + carry_h, &carry_c, &direct, dhh);
+      UnitSaved<Cell, float> in;
+#pragma unroll
+      for (int k = 0; k < Cell::kSaved; ++k) in.sv[k] = to_accum(next.sv[k]);
+      in.prev = to_accum(next.prev);
+      backward_unit<Cell, E, float>(p, t, b, u, in, to_accum(next_dy) + carry_h, &carry_c, &direct, dhh);
     } else {
       zero_unit_grads<Cell, E>(p, t, b, u);
     }
