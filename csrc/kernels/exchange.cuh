@@ -54,15 +54,15 @@ __device__ __forceinline__ float payload_float(unsigned long long w) { return __
 
 /* Polls 16-byte pairs of words until both words of each carry `tag`, with
  * SLOTS loads in flight a lane: a cursor c < end names a pair, word(c) its
- * first word; start[j] is slot j's first cursor (the same every step: the
- * caller sets it once, so that a step's first loads go out at once);
- * store(c, w0, w1) takes a pair that is in, and the slot moves to next(c). The warp polls a batch
- * (each lane's SLOTS current pairs) until every lane's is in, re-loading
- * only the stale ones, then takes the batch and loads the next: each round
- * is one wave of loads a warp. Returns when every lane's cursors are past
- * end; the whole warp calls it. The grid families' exchange
- * (gated_grid.cu, gated_ffma.cu): each warp polls the words its products
- * need. */
+ * first word; start[j] is slot j's first cursor (a caller whose cursors are
+ * the same every step may set them once, so that a step's first loads go
+ * out at once); store(c, w0, w1) takes a pair that is in, and the slot moves
+ * to next(c). The warp polls a batch (each lane's SLOTS current pairs) until
+ * every lane's is in, re-loading only the stale ones, then takes the batch
+ * and loads the next: each round is one wave of loads a warp. Returns when
+ * every lane's cursors are past end; the whole warp calls it. The grid
+ * families' exchange (gated_grid.cu, gated_ffma.cu): each warp polls the
+ * words its products need. */
 template <int SLOTS, class Next, class Word, class Store>
 __device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, const int (&start)[SLOTS], Next next, Word word,
                                                 Store store) {
