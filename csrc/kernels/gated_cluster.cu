@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
   const SliceStores<U> stores(live, tid); /* a step's stores: 8 units of one live sequence each */
   const uint32_t state_base = (uint32_t)__cvta_generic_to_shared(sm.state);
 
+  unsigned short h_bits = 0; /* padding units publish zeros */
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
     const unsigned short *prev = sm.state + cur * kSeqs * SPITCH;
@@ -137,18 +138,24 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
     products_to_partials<S, E>(a, sm, cur, warp, lane);
     __syncthreads();
 
-    if (warp < live && lane < U) /* padding units publish zeros */
-      sm.slice[warp * SLPITCH + ul] =
-          mine ? forward_unit_step<Cell, E, S, U>(p, sm, prev, t, warp, b, ul, u, unit.in, &unit.cell) : 0;
+    if (mine) {
+      float mat[Cell::kGates];
+      unit_gate_sums<Cell, S, U>(sm, warp, ul, mat);
+      const unsigned short own = prev[warp * SPITCH + u]; /* h_{t-1} of this unit */
+      h_bits = unit.template step<FastMath>(p, t, b, mat, from_bits<E>(own)) ? (unsigned short)bits16(unit.last.out) : own;
+    }
+    if (warp < live && lane < U) sm.slice[warp * SLPITCH + ul] = h_bits;
     __syncthreads();
 
-    /* The slice's live sequences into every CTA's next buffer; the last step's is not needed. */
+    /* The slice's live sequences into every CTA's next buffer (the last
+     * step's is not needed), then the unit's other stores, off the path. */
     if (t + 1 < T)
       stores.template send<kSeqs>(ctas, sm.slice, SLPITCH, state_base, 1 - cur, SPITCH,
                                   [&](int r) { return u0 + r; },
                                   [&](int col) { return bar(1 - cur, col / (16 * KT)); });
-    unit.advance(p, t, b, u, mine);
+    if (mine) unit.retire(p, t, b, u);
   }
+  if (mine) unit.finish(p, b, u, h_bits);
 #else
   __trap(); /* never launched: the planner requires compute capability 9.0 */
 #endif
@@ -220,6 +227,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_backward(con
       stores.template send<kSeqs>(ctas, sm.slice, SLPITCH, state_base, 1 - cur, SPITCH,
                                   [&](int r) { return r / U * Hp + u0 + r % U; },
                                   [&](int col) { return bar(1 - cur, col / (16 * S::kKTiles)); });
+    if (mine && t >= 0) unit.store(p, t, b, u); /* after the sends: off the path */
     unit.load(p, t - 1, b, u);
   }
 #else

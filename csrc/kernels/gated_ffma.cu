@@ -28,7 +28,9 @@
  * One forward step (the backward's is alike, s = T - 1 - t, s = T giving
  * grad_h0):
  *   a block barrier (the last step's epilogue has read the state buffer and
- *   the partial sums) -> warp w polls the words of its K slice of h_{t-1}
+ *   the partial sums) -> the unit threads store step t - 1's y and saved
+ *   values and load the next inputs (beside the poll, which waits for other
+ *   CTAs anyway) -> warp w polls the words of its K slice of h_{t-1}
  *   (tag t) into the shared state buffer and multiplies them: a late writer
  *   delays only the warps that need its units -> partial sums -> a block
  *   barrier -> thread (n, ul): the cell of unit ul of the group's sequence n
@@ -245,43 +247,32 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   ForwardUnitState<Cell, float> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
   const SlicePoll<Sh> slice(words, live, warp, lane);
-  float *y = static_cast<float *>(p.y);
 
+  /* A unit's step ends with its word; its other stores and the next
+   * inputs' loads wait past the next barrier, beside the poll. */
+  float h = 0.f; /* padding units publish zeros */
   for (int t = 0; t < T; ++t) {
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
+      if (mine) unit.retire(p, t - 1, b, u);
       slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, (unsigned)t, state);
     }
     products<Sh, KL, S>(a, state, partial, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
 
-    if (publishes) {
-      float h = 0.f;
-      if (mine) {
-        float mat[G];
+    if (mine) {
+      float mat[G];
 #pragma unroll
-        for (int g = 0; g < G; ++g) mat[g] = sum_partials<Sh, S>(partial, n, g * U + ul);
-        const float own = state[n * KEXT + u]; /* h_{t-1} of this unit, kept past the length */
-        float out, carry;
-        h = own;
-        const size_t o = ((size_t)t * B + b) * H + u;
-        if (forward_unit<Cell, float, float>(p, t, b, u, unit.in, mat, Cell::kCarriesCell ? unit.cell : own, &out,
-                                             &carry)) {
-          y[o] = out;
-          h = out;
-          if (Cell::kCarriesCell) unit.cell = carry;
-        } else {
-          y[o] = 0.f;
-        }
-        if (t == T - 1) {
-          static_cast<float *>(p.h_n)[(size_t)b * H + u] = h;
-          if (Cell::kCarriesCell) static_cast<float *>(p.c_n)[(size_t)b * H + u] = unit.cell;
-        }
-      }
-      if (t + 1 < T)
-        store_word(xchg + ((size_t)(t & 1) * B + b) * words + u, tagged_word((unsigned)t + 1, __float_as_uint(h)));
+      for (int g = 0; g < G; ++g) mat[g] = sum_partials<Sh, S>(partial, n, g * U + ul);
+      const float own = state[n * KEXT + u]; /* h_{t-1} of this unit, kept past the length */
+      h = unit.template step<PreciseMath>(p, t, b, mat, own) ? unit.last.out : own;
     }
-    unit.advance(p, t, b, u, mine);
+    if (publishes && t + 1 < T)
+      store_word(xchg + ((size_t)(t & 1) * B + b) * words + u, tagged_word((unsigned)t + 1, __float_as_uint(h)));
+  }
+  if (mine) {
+    unit.retire(p, T - 1, b, u);
+    unit.finish(p, b, u, h);
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 8.0 */
@@ -321,6 +312,10 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_backward(const GatedPa
   for (int s = 0; s <= T; ++s) {
     if (s > 0) {
       __syncthreads(); /* as the forward's */
+      if (mine) { /* step s - 1's gradients and step s's saved values, beside the poll */
+        unit.store(p, T - s, b, u);
+        unit.load(p, T - 1 - s, b, u);
+      }
       slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, (unsigned)s, state);
       products<Sh, KL, S>(a, state, partial, warp, lane);
       __syncthreads(); /* every warp's partial sums in */
@@ -334,7 +329,6 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_backward(const GatedPa
       for (int g = 0; g < G; ++g)
         store_word(xchg + ((size_t)(s & 1) * B + b) * words + g * Hp + u,
                    tagged_word((unsigned)s + 1, __float_as_uint(dhh[g])));
-    unit.load(p, T - 2 - s, b, u);
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 8.0 */

@@ -13,8 +13,9 @@
  * g H + 16 r + ul), in the backward their columns, so that a unit's cell
  * update and c (or carried gradients) stay in the thread that owns the unit.
  * One forward step (the backward's, below, is alike):
- *   a block barrier (no warp polls while another still runs its epilogue:
- *   its stores and the next input's loads go first) ->
+ *   a block barrier (no warp polls while another still runs its epilogue)
+ *   -> the unit threads store step t - 1's y and saved values and load the
+ *   next inputs (off the path: the poll waits for other CTAs anyway) ->
  *   warp w polls the words of its own K slice of h_{t-1} (state columns
  *   [16 KT w, 16 KT w + 16 KT) of the group's live sequences; words {tag:
  *   high 32 bits, two 16-bit values}, tag = t, all in flight, the stale ones
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   __syncthreads();
 
   /* This thread's unit: sequence b = seq0 + warp, unit u = u0 + lane. */
-  const int b = seq0 + warp, ul = lane, u = u0 + lane;
+  const int b = seq0 + warp, u = u0 + lane;
   const bool mine = warp < live && lane < U && u < H;
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
@@ -159,25 +160,37 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
    * t & 1 again at t + 2, after step t + 1's barriers, which every warp
    * reaches only once its step-t epilogue is done. (With the barrier before
    * each poll one buffer of each would do; the second costs shared memory
-   * only.) */
+   * only.) A unit's step ends with its word; its other stores and the next
+   * inputs' loads wait past the next barrier, beside the poll. */
+  unsigned short h_bits = 0; /* padding units publish zeros */
   for (int t = 0; t < T; ++t) {
     const int cur = t & 1;
     unsigned short *state = sm.state + cur * kMmaSeqs * SPITCH;
     const MmaSmem<S> step = sm.with_partials(cur);
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
+      if (mine) unit.retire(p, t - 1, b, u);
       slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, (unsigned)t, state);
     }
     products_to_partials<S, E>(a, step, cur, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
 
-    unsigned short h_bits = 0; /* padding units publish zeros */
-    if (mine) h_bits = forward_unit_step<Cell, E, S, U>(p, step, state, t, warp, b, ul, u, unit.in, &unit.cell);
+    if (warp < live) {
+      float mat[Cell::kGates];
+      unit_gate_sums_paired<Cell, S, U>(step, warp, lane, mat);
+      if (mine) {
+        const unsigned short own = state[warp * SPITCH + u]; /* h_{t-1} of this unit */
+        h_bits = unit.template step<FastMath>(p, t, b, mat, from_bits<E>(own)) ? (unsigned short)bits16(unit.last.out) : own;
+      }
+    }
     const unsigned odd = __shfl_down_sync(0xffffffffu, (unsigned)h_bits, 1);
     if (t + 1 < T && warp < live && lane < U && (lane & 1) == 0)
       store_word(xchg + ((size_t)cur * B + b) * words + (u0 + lane) / 2,
                  tagged_word((unsigned)t + 1, (uint32_t)h_bits | odd << 16));
-    unit.advance(p, t, b, u, mine);
+  }
+  if (mine) {
+    unit.retire(p, T - 1, b, u);
+    unit.finish(p, b, u, h_bits);
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 8.0 */
@@ -193,7 +206,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
  * g Hp + v, as words of two 16-bit values (grad_hh's width) and tag s + 1:
  * after a block barrier warp w polls its K slice of them and runs its mma,
  * another barrier, the unit threads' backward, each even lane publishing its
- * and its neighbour's G values. s = T (t = -1) gives grad_h0. The epilogue reads no state, so
+ * and its neighbour's G values; a unit's gradients of the step and the next
+ * step's saved values wait past the next barrier, as the forward's stores.
+ * s = T (t = -1) gives grad_h0. The epilogue reads no state, so
  * the state buffers' and partial sums' argument is the forward's.
  */
 template <class Cell, typename E, int KT>
@@ -224,6 +239,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
     const MmaSmem<S> step = sm.with_partials(cur);
     if (s > 0) {
       __syncthreads(); /* as the forward's */
+      if (mine) { /* step s - 1's gradients and step s's saved values, beside the poll */
+        unit.store(p, T - s, b, u);
+        unit.load(p, T - 1 - s, b, u);
+      }
       slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, (unsigned)s,
                  sm.state + cur * kMmaSeqs * S::kStatePitch);
       products_to_partials<S, E, kBackwardChains>(a, step, cur, warp, lane);
@@ -241,7 +260,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
           store_word(xchg + ((size_t)cur * B + b) * words + (g * Hp + u0 + lane) / 2,
                      tagged_word((unsigned)s + 1, bits | odd << 16));
       }
-    unit.load(p, T - 2 - s, b, u);
   }
 #else
   __trap(); /* never launched: the planner requires compute capability 8.0 */

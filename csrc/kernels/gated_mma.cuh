@@ -4,8 +4,7 @@
  * gated_grid.cu: one cooperative grid, state exchanged through L2), 16-bit
  * W_hh in the register files as mma fragments: the on-chip layout, the
  * staging of a CTA's gate rows (forward) or unit columns (backward), the
- * products of a state buffer, the partial sums over the 8 warps, and the
- * forward and backward of one unit at one step.
+ * products of a state buffer and the partial sums over the 8 warps.
  *
  * A CTA runs 8 warps; its A (rows of the recurrent matrix it owns) is split
  * along K as the Elman cluster kernel (cluster.cuh) splits it: warp w holds
@@ -222,38 +221,31 @@ __device__ __forceinline__ float sum_partials(const MmaSmem<S> &sm, int n, int r
   return (s4[0] + s4[1]) + (s4[2] + s4[3]);
 }
 
-/* The forward of this thread's unit at step t (warp n = sequence b, lane ul
- * = unit u) from the partial sums and h_{t-1} in `prev`: writes y (and h_n,
- * c_n at the last step), carries c in *cell; returns the bits of the unit's
- * state after the step (h_{t-1}'s past the length). */
-template <class Cell, typename E, class S, int U>
-__device__ __forceinline__ unsigned short forward_unit_step(const GatedParams &p, const MmaSmem<S> &sm,
-                                                            const unsigned short *prev, int t, int n, int b,
-                                                            int ul, int u, const UnitInputs<Cell, float> &in,
-                                                            float *cell) {
-  const int G = Cell::kGates, H = p.hidden;
-  float mat[G];
+/* The gate sums of unit ul of sequence n: row g U + ul of the partial sums
+ * for each gate g. */
+template <class Cell, class S, int U>
+__device__ __forceinline__ void unit_gate_sums(const MmaSmem<S> &sm, int n, int ul, float (&mat)[Cell::kGates]) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) mat[g] = sum_partials<S>(sm, n, g * U + ul);
-  const unsigned short own = prev[n * S::kStatePitch + u]; /* h_{t-1} of this unit */
-  float out, carry;
-  const size_t o = ((size_t)t * p.batch + b) * H + u;
-  unsigned short h_bits = own; /* past the length the state stays */
-  E *y = static_cast<E *>(p.y);
-  if (forward_unit<Cell, E, float, FastMath>(p, t, b, u, in, mat, Cell::kCarriesCell ? *cell : from_bits<E>(own),
-                                             &out, &carry)) {
-    const E oe = Round<E>::to(out);
-    y[o] = oe;
-    h_bits = (unsigned short)bits16(oe);
-    if (Cell::kCarriesCell) *cell = carry;
-  } else {
-    y[o] = Round<E>::to(0.f);
+  for (int g = 0; g < Cell::kGates; ++g) mat[g] = sum_partials<S>(sm, n, g * U + ul);
+}
+
+/* The same on both halves of a warp whose lanes 0-15 own the units (U =
+ * 16): lane ul sums the even gates and lane ul + 16 the odd ones (rows 16
+ * apart: other banks), and they swap, so that a lane's chain of shared loads
+ * is half as long; the sums are unit_gate_sums' (the same bits). Every lane
+ * of the warp calls it. */
+template <class Cell, class S, int U>
+__device__ __forceinline__ void unit_gate_sums_paired(const MmaSmem<S> &sm, int n, int lane,
+                                                      float (&mat)[Cell::kGates]) {
+  static_assert(U == 16, "a unit on lanes ul and ul + 16");
+  const int G = Cell::kGates, odd = lane >> 4, ul = lane & 15;
+#pragma unroll
+  for (int g = 0; g < G; g += 2) {
+    const float own = g + 1 < G || odd == 0 ? sum_partials<S>(sm, n, (g + odd) * U + ul) : 0.f;
+    const float other = __shfl_xor_sync(0xffffffffu, own, 16);
+    mat[g] = odd ? other : own;
+    if (g + 1 < G) mat[g + 1] = odd ? own : other;
   }
-  if (t == p.steps - 1) {
-    static_cast<unsigned short *>(p.h_n)[(size_t)b * H + u] = h_bits;
-    if (Cell::kCarriesCell) static_cast<E *>(p.c_n)[(size_t)b * H + u] = Round<E>::to(*cell);
-  }
-  return h_bits;
 }
 
 #endif
