@@ -52,17 +52,35 @@ __device__ __forceinline__ unsigned long long tagged_word(unsigned tag, uint32_t
 __device__ __forceinline__ unsigned tag_of(unsigned long long w) { return (unsigned)(w >> 32); }
 __device__ __forceinline__ float payload_float(unsigned long long w) { return __uint_as_float((uint32_t)w); }
 
+/* Polls the 16-byte pairs w[j] of the slots j where live(j) until both
+ * words of each carry `tag`: the warp together, re-loading only the stale
+ * ones from word(j), so that each round is one wave of loads a warp. */
+template <int SLOTS, class Live, class Word>
+__device__ __forceinline__ void poll_batch(unsigned tag, Live live, Word word, unsigned long long (&w)[SLOTS][2]) {
+  unsigned long long since = 0; /* for the watchdog */
+  unsigned round = 0;
+  for (;;) {
+    bool in = true;
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) in &= !live(j) || (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag);
+    if (__all_sync(0xffffffffu, in)) return;
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j)
+      if (live(j) && (tag_of(w[j][0]) != tag || tag_of(w[j][1]) != tag)) load_word_pair(word(j), w[j][0], w[j][1]);
+    watchdog(++round, &since);
+  }
+}
+
 /* Polls 16-byte pairs of words until both words of each carry `tag`, with
  * SLOTS loads in flight a lane: a cursor c < end names a pair, word(c) its
  * first word; start[j] is slot j's first cursor (a caller whose cursors are
  * the same every step may set them once, so that a step's first loads go
  * out at once); store(c, w0, w1) takes a pair that is in, and the slot moves
  * to next(c). The warp polls a batch (each lane's SLOTS current pairs) until
- * every lane's is in, re-loading only the stale ones, then takes the batch
- * and loads the next: each round is one wave of loads a warp. Returns when
- * every lane's cursors are past end; the whole warp calls it. The grid
- * families' exchange (gated_grid.cu, gated_ffma.cu): each warp polls the
- * words its products need. */
+ * every lane's is in (poll_batch), then takes the batch and loads the next.
+ * Returns when every lane's cursors are past end; the whole warp calls it.
+ * The grid families' exchange (gated_grid.cu, gated_ffma.cu): each warp
+ * polls the words its products need. */
 template <int SLOTS, class Next, class Word, class Store>
 __device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, const int (&start)[SLOTS], Next next, Word word,
                                                 Store store) {
@@ -73,20 +91,8 @@ __device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, const int
 #pragma unroll
   for (int j = 0; j < SLOTS; ++j)
     if (at[j] < end) load_word_pair(word(at[j]), w[j][0], w[j][1]);
-  unsigned long long since = 0; /* for the watchdog */
-  unsigned round = 0;
   for (;;) {
-    for (;;) {
-      bool in = true;
-#pragma unroll
-      for (int j = 0; j < SLOTS; ++j) in &= at[j] >= end || (tag_of(w[j][0]) == tag && tag_of(w[j][1]) == tag);
-      if (__all_sync(0xffffffffu, in)) break;
-#pragma unroll
-      for (int j = 0; j < SLOTS; ++j)
-        if (at[j] < end && (tag_of(w[j][0]) != tag || tag_of(w[j][1]) != tag))
-          load_word_pair(word(at[j]), w[j][0], w[j][1]);
-      watchdog(++round, &since);
-    }
+    poll_batch<SLOTS>(tag, [&](int j) { return at[j] < end; }, [&](int j) { return word(at[j]); }, w);
     bool more = false;
 #pragma unroll
     for (int j = 0; j < SLOTS; ++j) {
@@ -100,6 +106,22 @@ __device__ __forceinline__ void poll_word_pairs(unsigned tag, int end, const int
     }
     if (!__any_sync(0xffffffffu, more)) break;
   }
+}
+
+/* The same for a lane whose pairs fit its slots: slot j holds one pair,
+ * word(j), where live(j); all loaded at once, polled as one batch and
+ * stored (store(j, w0, w1)). With j known at compile time a caller's
+ * addresses can be one base and constant offsets. */
+template <int SLOTS, class Live, class Word, class Store>
+__device__ __forceinline__ void poll_word_pairs_once(unsigned tag, Live live, Word word, Store store) {
+  unsigned long long w[SLOTS][2];
+#pragma unroll
+  for (int j = 0; j < SLOTS; ++j)
+    if (live(j)) load_word_pair(word(j), w[j][0], w[j][1]);
+  poll_batch<SLOTS>(tag, live, word, w);
+#pragma unroll
+  for (int j = 0; j < SLOTS; ++j)
+    if (live(j)) store(j, w[j][0], w[j][1]);
 }
 
 }  // namespace prnn

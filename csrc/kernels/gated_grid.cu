@@ -61,6 +61,11 @@ struct GridBackwardShape : MmaShape<kUnits, Cell::kGates * KT, Cell::kGates * kU
  * that a 16-byte pair of words never straddles two sequences. */
 __host__ __device__ inline int words_per_seq(int ctas, int blocks) { return blocks * ctas * kUnits / 2; }
 
+/* The forward's buffers keep a row of the whole K extent a sequence, 64 KT
+ * words (at least words_per_seq(C, 1); the rest stays zero), so that the
+ * poll's sequences lie a compile-time stride apart. */
+__host__ __device__ inline int forward_row_words(int k_tiles) { return kMmaWarps * k_tiles * 16 / 2; }
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 /* Where this CTA sits: its group's CTAs, its rank there and first unit, the
  * group's first sequence and how many of its p.group.seqs sequences exist. */
@@ -128,6 +133,47 @@ struct SlicePoll {
     __syncwarp();
   }
 };
+
+/* The same slice where a lane's pairs fit its slots, without cursors:
+ * lane l polls pairs l + 32 m (m < M) of each live sequence, slot n M + m, so that a slot's addresses are the lane's plus a
+ * constant offset (sequences `row` words apart in the buffer). The slots
+ * come for SEQS of 1, 2, 4 or 8 sequences, the fewest that hold the live
+ * ones. The forward's slice (P <= 4 KT <= 32 pairs) takes M = 1. */
+template <class S, int M>
+struct SlicePollOnce {
+  int first, end, mine, lane; /* mine: the lane's pairs a sequence; end: sequences, 0 if none */
+  __device__ __forceinline__ SlicePollOnce(int words, int live, int warp, int lane_) : lane(lane_) {
+    first = 8 * S::kKTiles * warp;
+    const int P = min(8 * S::kKTiles, max(words - first, 0)) / 2;
+    mine = min(max(P - lane + 31, 0) / 32, M);
+    end = mine > 0 ? live : 0;
+  }
+  template <int SEQS>
+  __device__ __forceinline__ void poll(const unsigned long long *src, int row, unsigned tag,
+                                       unsigned short *state) const {
+    const unsigned long long *at = src + first + 2 * lane;
+    unsigned short *to = state + 2 * first + 4 * lane;
+    poll_word_pairs_once<SEQS * M>(
+        tag, [&](int j) { return j / M < end && (M == 1 || j % M < mine); },
+        [&](int j) { return at + j / M * row + 64 * (j % M); },
+        [&](int j, unsigned long long w0, unsigned long long w1) {
+          *reinterpret_cast<uint2 *>(to + j / M * S::kStatePitch + 128 * (j % M)) =
+              make_uint2((uint32_t)w0, (uint32_t)w1);
+        });
+  }
+  /* The slice of tag `tag` from `src` into `state`, as SlicePoll::load, for
+   * up to SEQS_MAX live sequences. */
+  template <int SEQS_MAX>
+  __device__ __forceinline__ void load(const unsigned long long *src, int row, int live, unsigned tag,
+                                       unsigned short *state) const {
+    if (__all_sync(0xffffffffu, end == 0)) return; /* columns past the exchanged values: zero since the start */
+    if (live <= 1) poll<1>(src, row, tag, state);
+    else if (SEQS_MAX >= 2 && live <= 2) poll<2>(src, row, tag, state);
+    else if (SEQS_MAX >= 4 && live <= 4) poll<4>(src, row, tag, state);
+    else if (SEQS_MAX >= 8) poll<8>(src, row, tag, state);
+    __syncwarp();
+  }
+};
 #endif
 
 /* Forward: the step as the file's header says. */
@@ -135,7 +181,7 @@ template <class Cell, typename E, int KT>
 __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const GatedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   typedef GridShape<Cell, KT> S;
-  const int U = kUnits, SPITCH = S::kStatePitch;
+  const int U = kUnits, SPITCH = S::kStatePitch, ROW = S::kKExtent / 2; /* forward_row_words */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const GridPlace at(p);
@@ -154,7 +200,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   const bool mine = warp < live && lane < U && u < H;
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
-  const SlicePoll<S, KT> slice(words, live, warp, lane);
+  const SlicePollOnce<S, 1> slice(words, live, warp, lane);
 
   /* Step t uses state buffer and partial sums t & 1: a warp writes buffer
    * t & 1 again at t + 2, after step t + 1's barriers, which every warp
@@ -170,7 +216,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
       if (mine) unit.retire(p, t - 1, b, u);
-      slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, (unsigned)t, state);
+      slice.template load<kMmaSeqs>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * ROW, ROW, live, (unsigned)t, state);
     }
     products_to_partials<S, E>(a, step, cur, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
@@ -185,7 +231,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
     }
     const unsigned odd = __shfl_down_sync(0xffffffffu, (unsigned)h_bits, 1);
     if (t + 1 < T && warp < live && lane < U && (lane & 1) == 0)
-      store_word(xchg + ((size_t)cur * B + b) * words + (u0 + lane) / 2,
+      store_word(xchg + ((size_t)cur * B + b) * ROW + (u0 + lane) / 2,
                  tagged_word((unsigned)t + 1, (uint32_t)h_bits | odd << 16));
   }
   if (mine) {
@@ -336,8 +382,9 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
   if (most_groups < 1 || (pb->batch + kMmaSeqs - 1) / kMmaSeqs > most_groups) return PRNN_STATUS_SUCCESS;
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
   plan->summary.tier = PRNN_TIER_PERSISTENT_REGISTERS;
-  plan->summary.workspace_bytes =
-      2 * (size_t)pb->batch * words_per_seq(ctas, backward ? G : 1) * sizeof(unsigned long long);
+  plan->summary.workspace_bytes = 2 * (size_t)pb->batch *
+                                  (backward ? words_per_seq(ctas, G) : forward_row_words(k_tiles)) *
+                                  sizeof(unsigned long long);
   plan->summary.grid = ctas * (int)((pb->batch + group - 1) / group);
   plan->summary.block = kMmaThreads;
   plan->summary.rows_per_cta = backward ? kUnits : G * kUnits; /* of W_hh, or of W_hh^T backward */
