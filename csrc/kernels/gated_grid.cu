@@ -61,10 +61,10 @@ struct GridBackwardShape : MmaShape<kUnits, Cell::kGates * KT, Cell::kGates * kU
  * that a 16-byte pair of words never straddles two sequences. */
 __host__ __device__ inline int words_per_seq(int ctas, int blocks) { return blocks * ctas * kUnits / 2; }
 
-/* The forward's buffers keep a row of the whole K extent a sequence, 64 KT
- * words (at least words_per_seq(C, 1); the rest stays zero), so that the
- * poll's sequences lie a compile-time stride apart. */
-__host__ __device__ inline int forward_row_words(int k_tiles) { return kMmaWarps * k_tiles * 16 / 2; }
+/* The buffers keep a row of the whole K extent a sequence, 64 KT words a
+ * block (at least words_per_seq(C, blocks); the rest stays zero), so that
+ * the poll's sequences lie a compile-time stride apart: S::kKExtent / 2. */
+__host__ __device__ inline int row_words(int blocks, int k_tiles) { return blocks * kMmaWarps * k_tiles * 16 / 2; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 /* Where this CTA sits: its group's CTAs, its rank there and first unit, the
@@ -120,7 +120,7 @@ struct SlicePoll {
   /* The slice of tag `tag` from `src`, polled until every tag matches, into
    * `state` ([sequence][kStatePitch]); then __syncwarp, so that the warp's
    * ldmatrix sees it. */
-  __device__ __forceinline__ void load(const unsigned long long *src, int words, unsigned tag,
+  __device__ __forceinline__ void load(const unsigned long long *src, int words, int, unsigned tag,
                                        unsigned short *state) const {
     if (P == 0) return; /* columns past the exchanged values: zero since the start */
     poll_word_pairs<SLOTS>(
@@ -137,16 +137,20 @@ struct SlicePoll {
 /* The same slice where a lane's pairs fit its slots, without cursors:
  * lane l polls pairs l + 32 m (m < M) of each live sequence, slot n M + m, so that a slot's addresses are the lane's plus a
  * constant offset (sequences `row` words apart in the buffer). The slots
- * come for SEQS of 1, 2, 4 or 8 sequences, the fewest that hold the live
- * ones. The forward's slice (P <= 4 KT <= 32 pairs) takes M = 1. */
-template <class S, int M>
+ * come for SEQS of 1, 2, 4 or 8 sequences up to SEQS_MAX, the fewest that
+ * hold the live ones. The forward's slice (P <= 4 KT <= 32 pairs) takes
+ * M = 1; the backward's (P <= 4 G KT) up to M = 4, for two sequences. */
+template <class S, int M, int SEQS_MAX>
 struct SlicePollOnce {
-  int first, end, mine, lane; /* mine: the lane's pairs a sequence; end: sequences, 0 if none */
+  int first, lane;
+  int have; /* M = 1: the sequences the lane polls (0: none); else bit j: slot j holds a pair */
   __device__ __forceinline__ SlicePollOnce(int words, int live, int warp, int lane_) : lane(lane_) {
     first = 8 * S::kKTiles * warp;
     const int P = min(8 * S::kKTiles, max(words - first, 0)) / 2;
-    mine = min(max(P - lane + 31, 0) / 32, M);
-    end = mine > 0 ? live : 0;
+    have = M == 1 && lane < P ? live : 0;
+#pragma unroll
+    for (int j = 0; M > 1 && j < SEQS_MAX * M; ++j)
+      if (j / M < live && lane + 32 * (j % M) < P) have |= 1 << j;
   }
   template <int SEQS>
   __device__ __forceinline__ void poll(const unsigned long long *src, int row, unsigned tag,
@@ -154,19 +158,18 @@ struct SlicePollOnce {
     const unsigned long long *at = src + first + 2 * lane;
     unsigned short *to = state + 2 * first + 4 * lane;
     poll_word_pairs_once<SEQS * M>(
-        tag, [&](int j) { return j / M < end && (M == 1 || j % M < mine); },
+        tag, [&](int j) { return M == 1 ? j < have : (have >> j & 1) != 0; },
         [&](int j) { return at + j / M * row + 64 * (j % M); },
         [&](int j, unsigned long long w0, unsigned long long w1) {
           *reinterpret_cast<uint2 *>(to + j / M * S::kStatePitch + 128 * (j % M)) =
               make_uint2((uint32_t)w0, (uint32_t)w1);
         });
   }
-  /* The slice of tag `tag` from `src` into `state`, as SlicePoll::load, for
-   * up to SEQS_MAX live sequences. */
-  template <int SEQS_MAX>
+  /* The slice of tag `tag` from `src` (rows `row` words apart) into
+   * `state`, as SlicePoll::load, for up to SEQS_MAX live sequences. */
   __device__ __forceinline__ void load(const unsigned long long *src, int row, int live, unsigned tag,
                                        unsigned short *state) const {
-    if (__all_sync(0xffffffffu, end == 0)) return; /* columns past the exchanged values: zero since the start */
+    if (__all_sync(0xffffffffu, have == 0)) return; /* columns past the exchanged values: zero since the start */
     if (live <= 1) poll<1>(src, row, tag, state);
     else if (SEQS_MAX >= 2 && live <= 2) poll<2>(src, row, tag, state);
     else if (SEQS_MAX >= 4 && live <= 4) poll<4>(src, row, tag, state);
@@ -181,7 +184,7 @@ template <class Cell, typename E, int KT>
 __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const GatedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   typedef GridShape<Cell, KT> S;
-  const int U = kUnits, SPITCH = S::kStatePitch, ROW = S::kKExtent / 2; /* forward_row_words */
+  const int U = kUnits, SPITCH = S::kStatePitch, ROW = S::kKExtent / 2; /* row_words */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const GridPlace at(p);
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
   const bool mine = warp < live && lane < U && u < H;
   ForwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
-  const SlicePollOnce<S, 1> slice(words, live, warp, lane);
+  const SlicePollOnce<S, 1, kMmaSeqs> slice(words, live, warp, lane);
 
   /* Step t uses state buffer and partial sums t & 1: a warp writes buffer
    * t & 1 again at t + 2, after step t + 1's barriers, which every warp
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
       if (mine) unit.retire(p, t - 1, b, u);
-      slice.template load<kMmaSeqs>(xchg + ((size_t)((t - 1) & 1) * B + seq0) * ROW, ROW, live, (unsigned)t, state);
+      slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * ROW, ROW, live, (unsigned)t, state);
     }
     products_to_partials<S, E>(a, step, cur, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
@@ -261,7 +264,7 @@ template <class Cell, typename E, int KT>
 __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const GatedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   typedef GridBackwardShape<Cell, KT> S;
-  const int G = Cell::kGates, U = kUnits;
+  const int G = Cell::kGates, U = kUnits, ROW = S::kKExtent / 2; /* row_words */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const GridPlace at(p);
@@ -278,35 +281,39 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
   const bool mine = warp < live && lane < U && u < H;
   BackwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
-  const SlicePoll<S, kBackwardSlots> slice(words, live, warp, lane);
-
-  for (int s = 0; s <= T; ++s) {
-    const int cur = s & 1;
-    const MmaSmem<S> step = sm.with_partials(cur);
-    if (s > 0) {
-      __syncthreads(); /* as the forward's */
-      if (mine) { /* step s - 1's gradients and step s's saved values, beside the poll */
-        unit.store(p, T - s, b, u);
-        unit.load(p, T - 1 - s, b, u);
+  /* The steps with either poll; a group of one or two sequences (B <= 2
+   * groups on the GPU) has a lane's pairs fit its slots. */
+  auto steps = [&](const auto &slice) {
+    for (int s = 0; s <= T; ++s) {
+      const int cur = s & 1;
+      const MmaSmem<S> step = sm.with_partials(cur);
+      if (s > 0) {
+        __syncthreads(); /* as the forward's */
+        if (mine) { /* step s - 1's gradients and step s's saved values, beside the poll */
+          unit.store(p, T - s, b, u);
+          unit.load(p, T - 1 - s, b, u);
+        }
+        slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * ROW, ROW, live, (unsigned)s,
+                   sm.state + cur * kMmaSeqs * S::kStatePitch);
+        products_to_partials<S, E, kBackwardChains>(a, step, cur, warp, lane);
+        __syncthreads(); /* every warp's partial sums in */
       }
-      slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, (unsigned)s,
-                 sm.state + cur * kMmaSeqs * S::kStatePitch);
-      products_to_partials<S, E, kBackwardChains>(a, step, cur, warp, lane);
-      __syncthreads(); /* every warp's partial sums in */
+      float dhh[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length publish zeros */
+      if (mine) unit.step(p, s, b, u, dhh, [&] { return sum_partials<S>(step, warp, ul); });
+      if (s < T)
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const unsigned bits = round_bits<E>(dhh[g]), odd = __shfl_down_sync(0xffffffffu, bits, 1);
+          if (warp < live && lane < U && (lane & 1) == 0)
+            store_word(xchg + ((size_t)cur * B + b) * ROW + (g * Hp + u0 + lane) / 2,
+                       tagged_word((unsigned)s + 1, bits | odd << 16));
+        }
     }
-    float dhh[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) dhh[g] = 0.f; /* padding units and steps past the length publish zeros */
-    if (mine) unit.step(p, s, b, u, dhh, [&] { return sum_partials<S>(step, warp, ul); });
-    if (s < T)
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const unsigned bits = round_bits<E>(dhh[g]), odd = __shfl_down_sync(0xffffffffu, bits, 1);
-        if (warp < live && lane < U && (lane & 1) == 0)
-          store_word(xchg + ((size_t)cur * B + b) * words + (g * Hp + u0 + lane) / 2,
-                     tagged_word((unsigned)s + 1, bits | odd << 16));
-      }
-  }
+  };
+  if (live <= 2) steps(SlicePollOnce<S, (S::kKTiles + 7) / 8, 2>(words, live, warp, lane));
+  else steps(SlicePoll<S, kBackwardSlots>(words, live, warp, lane));
 #else
   __trap(); /* never launched: the planner requires compute capability 8.0 */
 #endif
@@ -383,7 +390,7 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
   const int group = (int)((pb->batch + most_groups - 1) / most_groups);
   plan->summary.tier = PRNN_TIER_PERSISTENT_REGISTERS;
   plan->summary.workspace_bytes = 2 * (size_t)pb->batch *
-                                  (backward ? words_per_seq(ctas, G) : forward_row_words(k_tiles)) *
+                                  row_words(backward ? G : 1, k_tiles) *
                                   sizeof(unsigned long long);
   plan->summary.grid = ctas * (int)((pb->batch + group - 1) / group);
   plan->summary.block = kMmaThreads;
