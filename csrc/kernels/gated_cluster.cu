@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) gated_cluster_forward(cons
       float mat[Cell::kGates];
       unit_gate_sums<Cell, S, U>(sm, warp, ul, mat);
       const unsigned short own = prev[warp * SPITCH + u]; /* h_{t-1} of this unit */
-      h_bits = unit.template step<FastMath>(p, t, b, mat, from_bits<E>(own)) ? (unsigned short)bits16(unit.last.out) : own;
+      const bool active = unit.template step<FastMath>(p, t, b, mat, from_bits<E>(own));
+      h_bits = active ? (unsigned short)bits16(unit.last.out) : own;
     }
     if (warp < live && lane < U) sm.slice[warp * SLPITCH + ul] = h_bits;
     __syncthreads();

@@ -120,7 +120,7 @@ struct SlicePoll {
   /* The slice of tag `tag` from `src`, polled until every tag matches, into
    * `state` ([sequence][kStatePitch]); then __syncwarp, so that the warp's
    * ldmatrix sees it. */
-  __device__ __forceinline__ void load(const unsigned long long *src, int words, int, unsigned tag,
+  __device__ __forceinline__ void load(const unsigned long long *src, int words, int /* live */, unsigned tag,
                                        unsigned short *state) const {
     if (P == 0) return; /* columns past the exchanged values: zero since the start */
     poll_word_pairs<SLOTS>(
@@ -135,11 +135,12 @@ struct SlicePoll {
 };
 
 /* The same slice where a lane's pairs fit its slots, without cursors:
- * lane l polls pairs l + 32 m (m < M) of each live sequence, slot n M + m, so that a slot's addresses are the lane's plus a
- * constant offset (sequences `row` words apart in the buffer). The slots
- * come for SEQS of 1, 2, 4 or 8 sequences up to SEQS_MAX, the fewest that
- * hold the live ones. The forward's slice (P <= 4 KT <= 32 pairs) takes
- * M = 1; the backward's (P <= 4 G KT) up to M = 4, for two sequences. */
+ * lane l polls pairs l + 32 m (m < M) of each live sequence, slot n M + m,
+ * so that a slot's addresses are the lane's plus a constant offset
+ * (sequences `row` words apart in the buffer). The slots come for SEQS of
+ * 1, 2, 4 or 8 sequences up to SEQS_MAX, the fewest that hold the live
+ * ones. The forward's slice (P <= 4 KT <= 32 pairs) takes M = 1; the
+ * backward's (P <= 4 G KT) up to M = 4, for two sequences. */
 template <class S, int M, int SEQS_MAX>
 struct SlicePollOnce {
   int first, lane;
@@ -229,7 +230,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_forward(const Gated
       unit_gate_sums_paired<Cell, S, U>(step, warp, lane, mat);
       if (mine) {
         const unsigned short own = state[warp * SPITCH + u]; /* h_{t-1} of this unit */
-        h_bits = unit.template step<FastMath>(p, t, b, mat, from_bits<E>(own)) ? (unsigned short)bits16(unit.last.out) : own;
+        const bool active = unit.template step<FastMath>(p, t, b, mat, from_bits<E>(own));
+        h_bits = active ? (unsigned short)bits16(unit.last.out) : own;
       }
     }
     const unsigned odd = __shfl_down_sync(0xffffffffu, (unsigned)h_bits, 1);
