@@ -92,7 +92,8 @@ __device__ __forceinline__ void zero_state(const MmaSmem<S> &sm, int tid) {
 
 /* Warp `warp`'s K slice of the exchanged state: state columns [16 KT warp,
  * 16 KT warp + 16 KT) (KT = S::kKTiles), word k = columns 2k, 2k + 1, of
- * each of the `live` sequences of `words` words. A lane's 16-byte pairs
+ * each of the `live` sequences of `words` words (rows `row` words apart in
+ * the buffer: row_words). A lane's 16-byte pairs
  * lane, lane + 32, ... (pair i: sequence i / P, pair i % P of its P in the
  * slice) go through SLOTS loads in flight, slot j taking the lane's pairs
  * j, j + SLOTS, ..., in batches the warp polls together (poll_word_pairs).
@@ -120,12 +121,12 @@ struct SlicePoll {
   /* The slice of tag `tag` from `src`, polled until every tag matches, into
    * `state` ([sequence][kStatePitch]); then __syncwarp, so that the warp's
    * ldmatrix sees it. */
-  __device__ __forceinline__ void load(const unsigned long long *src, int words, int /* live */, unsigned tag,
+  __device__ __forceinline__ void load(const unsigned long long *src, int row, int /* live */, unsigned tag,
                                        unsigned short *state) const {
     if (P == 0) return; /* columns past the exchanged values: zero since the start */
     poll_word_pairs<SLOTS>(
         tag, end, start, [&](int c) { return step(c, dS); },
-        [&](int c) { return src + (c >> 8) * words + first + 2 * (c & 255); },
+        [&](int c) { return src + (c >> 8) * row + first + 2 * (c & 255); },
         [&](int c, unsigned long long w0, unsigned long long w1) { /* words first + 2 r, + 1: columns 2 first + 4 r .. + 3 */
           *reinterpret_cast<uint2 *>(state + (c >> 8) * S::kStatePitch + 2 * first + 4 * (c & 255)) =
               make_uint2((uint32_t)w0, (uint32_t)w1);
@@ -172,9 +173,11 @@ struct SlicePollOnce {
                                        unsigned short *state) const {
     if (__all_sync(0xffffffffu, have == 0)) return; /* columns past the exchanged values: zero since the start */
     if (live <= 1) poll<1>(src, row, tag, state);
-    else if (SEQS_MAX >= 2 && live <= 2) poll<2>(src, row, tag, state);
-    else if (SEQS_MAX >= 4 && live <= 4) poll<4>(src, row, tag, state);
-    else if (SEQS_MAX >= 8) poll<8>(src, row, tag, state);
+    else if (SEQS_MAX <= 2 || live <= 2) poll<2>(src, row, tag, state);
+    else if constexpr (SEQS_MAX > 2) {
+      if (live <= 4) poll<4>(src, row, tag, state);
+      else poll<8>(src, row, tag, state);
+    }
     __syncwarp();
   }
 };
@@ -283,8 +286,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) gated_grid_backward(const Gate
   const bool mine = warp < live && lane < U && u < H;
   BackwardUnitState<Cell, E> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
-  /* The steps with either poll; a group of one or two sequences (B <= 2
-   * groups on the GPU) has a lane's pairs fit its slots. */
+  /* The steps with either poll: a group of one or two sequences (every
+   * group at B <= 2 groups' worth, or a batch's last group) has a lane's
+   * pairs fit its slots; one grid may run both. */
   auto steps = [&](const auto &slice) {
     for (int s = 0; s <= T; ++s) {
       const int cur = s & 1;

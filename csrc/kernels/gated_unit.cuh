@@ -44,7 +44,7 @@ struct GatedParams {
   } persistent;                    /* persistent family (gated.cu) */
   struct {
     int seqs;                      /* sequences a cluster or group carries, 1..8 */
-    unsigned long long *words;     /* grid family: 2 x batch x words a sequence, the exchanged state */
+    unsigned long long *words;     /* grid families: 2 x batch x a row a sequence, the exchanged state */
   } group;                         /* cluster and grid families (gated_cluster.cu, gated_grid.cu, gated_ffma.cu) */
 };
 
@@ -115,7 +115,7 @@ struct UnitForward {
 /* Forward of unit u of sequence b at step t from mat = W_hh h_{t-1} of its
  * gates and its loaded inputs. Writes its saved values (zero past the
  * length) and returns whether the step is active; then *out is the unit's
- * output and *carry what the cell carries (Cell::forward). */
+ * output (else zero) and *carry what the cell carries (Cell::forward). */
 template <class Cell, typename E, typename A, class Math = PreciseMath>
 __device__ __forceinline__ bool forward_unit(const GatedParams &p, int t, int b, int u, const UnitInputs<Cell, A> &in,
                                              const A (&mat)[Cell::kGates], A prev, A *out, A *carry) {
