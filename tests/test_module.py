@@ -43,12 +43,29 @@ def as_reference(x, dtype=torch.float64):
     return x.detach().to(dtype, memory_format=torch.contiguous_format, copy=True).requires_grad_()
 
 
+def nudged(x, dtype):
+    """as_reference(x, dtype) with each element moved one step of dtype up or
+    down at random: the same problem as far as dtype can tell, so that nn's
+    computation on it is a second draw of the rounding dtype meets."""
+    if isinstance(x, PackedSequence):
+        return PackedSequence(nudged(x.data, dtype), x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+    if x is None:
+        return None
+    x = as_reference(x, dtype).detach()
+    up = torch.rand(x.shape, generator=torch.Generator().manual_seed(2)).to(x.device) < 0.5
+    return torch.where(up, x.nextafter(torch.full_like(x, float("inf"))),
+                       x.nextafter(torch.full_like(x, float("-inf")))).requires_grad_()
+
+
 def check_parity(ours, reference, input, hx, dtype, torch_factor=None, magnitudes=None):
     """`ours` (of `dtype`) against the float64 nn.RNN `reference`. With
     torch_factor, each bound is the larger of TOL and torch_factor times
     nn.RNN's own error in `dtype` (the reference narrowed: our weights
     exactly), so that a draw where rounding moves a pre-activation across
-    relu's kink, for nn too, fails neither. magnitudes: {parameter name:
+    relu's kink, for nn too, fails neither; nn's error is the larger of two
+    draws, on the inputs and on them moved by a step of dtype each (nudged),
+    since one draw of an error the recurrence amplifies (a single element at
+    H = 1) may be lucky. magnitudes: {parameter name:
     the sum of its gradient's terms' magnitudes}; a parameter's gradient may
     then also be off by TOL of that (its terms summed in any order), which
     a gradient whose terms cancel needs: its error relative to its own norm
@@ -63,8 +80,10 @@ def check_parity(ours, reference, input, hx, dtype, torch_factor=None, magnitude
     values, expected = [out1, h1, *g1], [out2, h2, *g2]
     own = None
     if torch_factor is not None:
-        out3, h3, g3 = run(copy.deepcopy(reference).to(dtype), as_reference(input, dtype), as_reference(hx, dtype))
-        own = [out3, h3, *g3]
+        twin = copy.deepcopy(reference).to(dtype)
+        out3, h3, g3 = run(twin, as_reference(input, dtype), as_reference(hx, dtype))
+        out4, h4, g4 = run(twin, nudged(input, dtype), nudged(hx, dtype))
+        own = [(out3, out4), (h3, h4), *zip(g3, g4)]
     names = ["output", "h_n"] + [f"grad {n}" for n in (["hx"] if hx is not None else []) + ["input"]]
     parameters = [n for n, _ in ours.named_parameters()]
     names += [f"grad {n}" for n in parameters]
@@ -74,8 +93,9 @@ def check_parity(ours, reference, input, hx, dtype, torch_factor=None, magnitude
         assert got.shape == want.shape and got.dtype == dtype, name
         bound = TOL[dtype]
         if own is not None:
-            mine = own[i].data if isinstance(own[i], PackedSequence) else own[i]
-            bound = max(bound, torch_factor * rel_err(mine, want))
+            for mine in own[i]:
+                mine = mine.data if isinstance(mine, PackedSequence) else mine
+                bound = max(bound, torch_factor * rel_err(mine, want))
         if name in magnitude_of:
             bound = max(bound, TOL[dtype] * (magnitude_of[name].norm() / want.norm().clamp_min(1e-300)).item())
         err = rel_err(got, want)
