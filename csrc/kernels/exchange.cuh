@@ -124,6 +124,46 @@ __device__ __forceinline__ void poll_word_pairs_once(unsigned tag, Live live, Wo
     if (live(j)) store(j, w[j][0], w[j][1]);
 }
 
+/* A warp's slice of P pairs a sequence where a lane's pairs fit its slots,
+ * without cursors: lane l polls pairs l + 32 m (m < M) of each live
+ * sequence, slot n M + m, so that with n and m known at compile time a
+ * slot's addresses are the lane's plus constant offsets. The slots come for
+ * SEQS of 1, 2, 4 or 8 sequences up to SEQS_MAX, the fewest that hold the
+ * live ones. The grid families' polls where the slice is small enough
+ * (gated_grid.cu, gated_ffma.cu). */
+template <int M, int SEQS_MAX>
+struct LanePairs {
+  static_assert(SEQS_MAX * M <= 32, "a bit a slot");
+  int held; /* M = 1: how many sequences the lane polls (0: none); else bit j: slot j holds a pair */
+  __device__ __forceinline__ LanePairs(int pairs, int live, int lane) {
+    held = M == 1 && lane < pairs ? live : 0;
+#pragma unroll
+    for (int j = 0; M > 1 && j < SEQS_MAX * M; ++j)
+      if (j / M < live && lane + 32 * (j % M) < pairs) held |= 1 << j;
+  }
+  __device__ __forceinline__ bool holds(int j) const { return M == 1 ? j < held : (held >> j & 1) != 0; }
+  template <int SEQS, class Word, class Store>
+  __device__ __forceinline__ void poll(unsigned tag, Word word, Store store) const {
+    poll_word_pairs_once<SEQS * M>(
+        tag, [&](int j) { return holds(j); }, [&](int j) { return word(j / M, j % M); },
+        [&](int j, unsigned long long w0, unsigned long long w1) { store(j / M, j % M, w0, w1); });
+  }
+  /* Pair m of sequence n at word(n, m), polled until its words carry `tag`,
+   * to store(n, m, w0, w1), for the `live` sequences; the whole warp calls
+   * it, and ends it with __syncwarp where it stored any. */
+  template <class Word, class Store>
+  __device__ __forceinline__ void load(unsigned tag, int live, Word word, Store store) const {
+    if (__all_sync(0xffffffffu, held == 0)) return;
+    if (live <= 1) poll<1>(tag, word, store);
+    else if (SEQS_MAX <= 2 || live <= 2) poll<2>(tag, word, store);
+    else if constexpr (SEQS_MAX > 2) {
+      if (SEQS_MAX <= 4 || live <= 4) poll<4>(tag, word, store);
+      else if constexpr (SEQS_MAX > 4) poll<8>(tag, word, store);
+    }
+    __syncwarp(); /* the warp's stores seen by its next reads */
+  }
+};
+
 }  // namespace prnn
 
 #endif /* PRNN_EXCHANGE_CUH */

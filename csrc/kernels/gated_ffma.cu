@@ -40,6 +40,8 @@
  * over step t - 1's only after its warps have read every word of step t, each
  * written after its writer had read all of step t - 1.
  */
+#include <type_traits>
+
 #include "cuda_status.cuh"
 #include "exchange.cuh"
 #include "gated_family.cuh"
@@ -172,7 +174,8 @@ __device__ __forceinline__ float sum_partials(const float *partial, int n, int r
 }
 
 /* Warp `warp`'s K slice of the exchanged state: words [w KW, w KW + KW),
- * cut at `words`, of each of the `live` sequences of `words` words. Pair i
+ * cut at `words`, of each of the `live` sequences (`row` words apart in the
+ * buffer: K extent forward, `words` backward). Pair i
  * of the slice (sequence i / P, words 2 (i % P), + 1 of the slice;
  * P = KW / 2) goes to lane i % 32; a lane's pairs go through kSlots loads
  * in flight (fewer where the lane's values of A leave fewer registers),
@@ -197,14 +200,15 @@ struct SlicePoll {
   /* The slice of tag `tag` from `src`, polled until every tag matches, into
    * `state` ([sequence][kExtent]); then __syncwarp, so that the warp's
    * products see it. */
-  __device__ __forceinline__ void load(const unsigned long long *src, int words, unsigned tag, float *state) const {
+  __device__ __forceinline__ void load(const unsigned long long *src, int row, int /* live */, unsigned tag,
+                                       float *state) const {
     if (end == 0) return;
     int start[kSlots];
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) start[j] = live_from(lane + 32 * j);
     poll_word_pairs<kSlots>(
         tag, end, start, [&](int i) { return live_from(i + 32 * kSlots); },
-        [&](int i) { return src + i / P * words + first + 2 * (i % P); },
+        [&](int i) { return src + i / P * row + first + 2 * (i % P); },
         [&](int i, unsigned long long w0, unsigned long long w1) {
           *reinterpret_cast<float2 *>(state + i / P * Sh::kExtent + first + 2 * (i % P)) =
               make_float2(payload_float(w0), payload_float(w1));
@@ -212,6 +216,34 @@ struct SlicePoll {
     __syncwarp();
   }
 };
+
+/* The same slice where a lane's pairs fit its slots (LanePairs, M =
+ * ceil(P / 32)), without cursors: sequences a compile-time ROW words apart. */
+template <class Sh, int S, int ROW>
+struct SliceLanes {
+  static const int M = (Sh::kSliceWidth / 2 + 31) / 32;
+  int first, lane;
+  LanePairs<M, S> pairs;
+  __device__ __forceinline__ SliceLanes(int words, int live, int warp, int lane_)
+      : first(warp * Sh::kSliceWidth), lane(lane_),
+        pairs(max(min(Sh::kSliceWidth, words - warp * Sh::kSliceWidth), 0) / 2, live, lane_) {}
+  __device__ __forceinline__ void load(const unsigned long long *src, int /* row */, int live, unsigned tag,
+                                       float *state) const {
+    const unsigned long long *at = src + first + 2 * lane;
+    float *to = state + first + 2 * lane;
+    pairs.load(
+        tag, live, [&](int n, int m) { return at + n * ROW + 64 * m; },
+        [&](int n, int m, unsigned long long w0, unsigned long long w1) {
+          *reinterpret_cast<float2 *>(to + n * Sh::kExtent + 64 * m) =
+              make_float2(payload_float(w0), payload_float(w1));
+        });
+  }
+};
+
+/* The forward's poll: SliceLanes where S M pairs fit a lane's slots. */
+template <class Sh, int S>
+using ForwardSlice = typename std::conditional<S * SliceLanes<Sh, S, Sh::kExtent>::M <= Sh::kSlots,
+                                               SliceLanes<Sh, S, Sh::kExtent>, SlicePoll<Sh>>::type;
 #endif
 
 /* Forward: the step as the file's header says. */
@@ -223,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const FfmaPlace at(p, S);
-  const int words = at.ctas * U, u0 = at.u0, seq0 = at.seq0, live = at.live;
+  const int words = at.ctas * U, u0 = at.u0, seq0 = at.seq0, live = at.live; /* buffer rows of KEXT words */
   extern __shared__ __align__(16) float smem[];
   float *state = smem;                  /* [S][KEXT]: h_{t-1} */
   float *partial = smem + S * KEXT;     /* [warps][S][kPartialPitch] */
@@ -246,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   const bool publishes = n < live, mine = publishes && u < H;
   ForwardUnitState<Cell, float> unit(p, b, u, mine);
   unsigned long long *xchg = p.group.words;
-  const SlicePoll<Sh> slice(words, live, warp, lane);
+  const ForwardSlice<Sh, S> slice(words, live, warp, lane);
 
   /* A unit's step ends with its word; its other stores and the next
    * inputs' loads wait past the next barrier, beside the poll. */
@@ -255,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
     if (t > 0) {
       __syncthreads(); /* every epilogue of step t - 1 done before the poll */
       if (mine) unit.retire(p, t - 1, b, u);
-      slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * words, words, (unsigned)t, state);
+      slice.load(xchg + ((size_t)((t - 1) & 1) * B + seq0) * KEXT, KEXT, live, (unsigned)t, state);
     }
     products<Sh, KL, S>(a, state, partial, warp, lane);
     __syncthreads(); /* every warp's partial sums (and K slice of h_{t-1}) in */
@@ -268,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
       h = unit.template step<PreciseMath>(p, t, b, mat, own) ? unit.last.out : own;
     }
     if (publishes && t + 1 < T)
-      store_word(xchg + ((size_t)(t & 1) * B + b) * words + u, tagged_word((unsigned)t + 1, __float_as_uint(h)));
+      store_word(xchg + ((size_t)(t & 1) * B + b) * KEXT + u, tagged_word((unsigned)t + 1, __float_as_uint(h)));
   }
   if (mine) {
     unit.retire(p, T - 1, b, u);
@@ -316,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_backward(const GatedPa
         unit.store(p, T - s, b, u);
         unit.load(p, T - 1 - s, b, u);
       }
-      slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, (unsigned)s, state);
+      slice.load(xchg + ((size_t)((s - 1) & 1) * B + seq0) * words, words, live, (unsigned)s, state);
       products<Sh, KL, S>(a, state, partial, warp, lane);
       __syncthreads(); /* every warp's partial sums in */
     }
@@ -426,7 +458,8 @@ prnn_status_t take(const GatedRequest &request, GatedPlan *plan, bool *taken) {
     const int64_t groups = pb->batch < fit ? pb->batch : fit;
     const int seqs = (int)((pb->batch + groups - 1) / groups);
     plan->summary.tier = PRNN_TIER_PERSISTENT_REGISTERS;
-    plan->summary.workspace_bytes = 2 * (size_t)pb->batch * (backward ? G * Hp : Hp) * sizeof(unsigned long long);
+    plan->summary.workspace_bytes = /* rows of G Hp words backward, of the K extent forward */
+        2 * (size_t)pb->batch * (backward ? G * Hp : k.extent) * sizeof(unsigned long long);
     plan->summary.grid = ctas * (int)((pb->batch + seqs - 1) / seqs);
     plan->summary.block = kThreads;
     plan->summary.rows_per_cta = backward ? kUnits : G * kUnits; /* of W_hh, or of W_hh^T backward */

@@ -135,50 +135,28 @@ struct SlicePoll {
   }
 };
 
-/* The same slice where a lane's pairs fit its slots, without cursors:
- * lane l polls pairs l + 32 m (m < M) of each live sequence, slot n M + m,
- * so that a slot's addresses are the lane's plus a constant offset
- * (sequences `row` words apart in the buffer). The slots come for SEQS of
- * 1, 2, 4 or 8 sequences up to SEQS_MAX, the fewest that hold the live
- * ones. The forward's slice (P <= 4 KT <= 32 pairs) takes M = 1; the
- * backward's (P <= 4 G KT) up to M = 4, for two sequences. */
+/* The same slice where a lane's pairs fit its slots, without cursors
+ * (LanePairs): the forward's slice (P <= 4 KT <= 32 pairs) takes M = 1;
+ * the backward's (P <= 4 G KT) up to M = 4, for two sequences. */
 template <class S, int M, int SEQS_MAX>
 struct SlicePollOnce {
   int first, lane;
-  int have; /* M = 1: the sequences the lane polls (0: none); else bit j: slot j holds a pair */
-  __device__ __forceinline__ SlicePollOnce(int words, int live, int warp, int lane_) : lane(lane_) {
-    first = 8 * S::kKTiles * warp;
-    const int P = min(8 * S::kKTiles, max(words - first, 0)) / 2;
-    have = M == 1 && lane < P ? live : 0;
-#pragma unroll
-    for (int j = 0; M > 1 && j < SEQS_MAX * M; ++j)
-      if (j / M < live && lane + 32 * (j % M) < P) have |= 1 << j;
-  }
-  template <int SEQS>
-  __device__ __forceinline__ void poll(const unsigned long long *src, int row, unsigned tag,
-                                       unsigned short *state) const {
-    const unsigned long long *at = src + first + 2 * lane;
-    unsigned short *to = state + 2 * first + 4 * lane;
-    poll_word_pairs_once<SEQS * M>(
-        tag, [&](int j) { return M == 1 ? j < have : (have >> j & 1) != 0; },
-        [&](int j) { return at + j / M * row + 64 * (j % M); },
-        [&](int j, unsigned long long w0, unsigned long long w1) {
-          *reinterpret_cast<uint2 *>(to + j / M * S::kStatePitch + 128 * (j % M)) =
-              make_uint2((uint32_t)w0, (uint32_t)w1);
-        });
-  }
+  LanePairs<M, SEQS_MAX> pairs;
+  __device__ __forceinline__ SlicePollOnce(int words, int live, int warp, int lane_)
+      : first(8 * S::kKTiles * warp), lane(lane_),
+        pairs(min(8 * S::kKTiles, max(words - 8 * S::kKTiles * warp, 0)) / 2, live, lane_) {}
   /* The slice of tag `tag` from `src` (rows `row` words apart) into
    * `state`, as SlicePoll::load, for up to SEQS_MAX live sequences. */
   __device__ __forceinline__ void load(const unsigned long long *src, int row, int live, unsigned tag,
                                        unsigned short *state) const {
-    if (__all_sync(0xffffffffu, have == 0)) return; /* columns past the exchanged values: zero since the start */
-    if (live <= 1) poll<1>(src, row, tag, state);
-    else if (SEQS_MAX <= 2 || live <= 2) poll<2>(src, row, tag, state);
-    else if constexpr (SEQS_MAX > 2) {
-      if (live <= 4) poll<4>(src, row, tag, state);
-      else poll<8>(src, row, tag, state);
-    }
-    __syncwarp();
+    const unsigned long long *at = src + first + 2 * lane;
+    unsigned short *to = state + 2 * first + 4 * lane;
+    pairs.load(
+        tag, live, [&](int n, int m) { return at + n * row + 64 * m; },
+        [&](int n, int m, unsigned long long w0, unsigned long long w1) {
+          *reinterpret_cast<uint2 *>(to + n * S::kStatePitch + 128 * m) =
+              make_uint2((uint32_t)w0, (uint32_t)w1);
+        });
   }
 };
 #endif
