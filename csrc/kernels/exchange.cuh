@@ -149,16 +149,19 @@ struct LanePairs {
         [&](int j, unsigned long long w0, unsigned long long w1) { store(j / M, j % M, w0, w1); });
   }
   /* Pair m of sequence n at word(n, m), polled until its words carry `tag`,
-   * to store(n, m, w0, w1), for the `live` sequences; the whole warp calls
-   * it, and ends it with __syncwarp where it stored any. */
+   * to store(n, m, w0, w1), for the `live` sequences (as constructed); the
+   * whole warp calls it, and ends it with __syncwarp unless no lane holds a
+   * pair. */
   template <class Word, class Store>
   __device__ __forceinline__ void load(unsigned tag, int live, Word word, Store store) const {
-    if (__all_sync(0xffffffffu, held == 0)) return;
-    if (live <= 1) poll<1>(tag, word, store);
-    else if (SEQS_MAX <= 2 || live <= 2) poll<2>(tag, word, store);
-    else if constexpr (SEQS_MAX > 2) {
-      if (SEQS_MAX <= 4 || live <= 4) poll<4>(tag, word, store);
-      else if constexpr (SEQS_MAX > 4) poll<8>(tag, word, store);
+    if (__all_sync(0xffffffffu, held == 0)) return; /* columns past the exchanged values: zero since the start */
+    if (SEQS_MAX == 1 || live <= 1) poll<1>(tag, word, store);
+    else if constexpr (SEQS_MAX > 1) {
+      if (SEQS_MAX == 2 || live <= 2) poll<2>(tag, word, store);
+      else if constexpr (SEQS_MAX > 2) {
+        if (SEQS_MAX == 4 || live <= 4) poll<4>(tag, word, store);
+        else if constexpr (SEQS_MAX > 4) poll<8>(tag, word, store);
+      }
     }
     __syncwarp(); /* the warp's stores seen by its next reads */
   }

@@ -9,7 +9,7 @@
  * only with PRNN_GATED_FFMA=1, since it is slower than the persistent
  * family's (bench/NOTES.md step 75), which reads the same saved values.
  *
- * A group of C = ceil(H / 8) CTAs carries up to S sequences (S = 1, 4 or 8,
+ * A group of C = ceil(H / 8) CTAs carries up to S sequences (S = 1, 2, 4 or 8,
  * compiled), groups side by side; CTA r of a group owns the 8 hidden units
  * [8 r, 8 r + 8): in the forward all G of their gate rows (local row 8 g + ul
  * is W_hh row g H + 8 r + ul), in the backward their columns (local row ul is
@@ -226,8 +226,9 @@ struct SliceLanes {
   LanePairs<M, S> pairs;
   __device__ __forceinline__ SliceLanes(int words, int live, int warp, int lane_)
       : first(warp * Sh::kSliceWidth), lane(lane_),
-        pairs(max(min(Sh::kSliceWidth, words - warp * Sh::kSliceWidth), 0) / 2, live, lane_) {}
-  __device__ __forceinline__ void load(const unsigned long long *src, int /* row */, int live, unsigned tag,
+        pairs(max(min(Sh::kSliceWidth, words - first), 0) / 2, live, lane_) {}
+  /* As SlicePoll::load, with rows ROW words apart (the caller's `row`). */
+  __device__ __forceinline__ void load(const unsigned long long *src, int /* row: ROW */, int live, unsigned tag,
                                        float *state) const {
     const unsigned long long *at = src + first + 2 * lane;
     float *to = state + first + 2 * lane;
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = p.steps, B = p.batch, H = p.hidden;
   const FfmaPlace at(p, S);
-  const int words = at.ctas * U, u0 = at.u0, seq0 = at.seq0, live = at.live; /* buffer rows of KEXT words */
+  const int words = at.ctas * U, u0 = at.u0, seq0 = at.seq0, live = at.live; /* words exchanged a sequence */
   extern __shared__ __align__(16) float smem[];
   float *state = smem;                  /* [S][KEXT]: h_{t-1} */
   float *partial = smem + S * KEXT;     /* [warps][S][kPartialPitch] */
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_ffma_forward(const GatedPar
   const int n = tid / U, ul = tid % U, b = seq0 + n, u = u0 + ul;
   const bool publishes = n < live, mine = publishes && u < H;
   ForwardUnitState<Cell, float> unit(p, b, u, mine);
-  unsigned long long *xchg = p.group.words;
+  unsigned long long *xchg = p.group.words; /* rows of KEXT words */
   const ForwardSlice<Sh, S> slice(words, live, warp, lane);
 
   /* A unit's step ends with its word; its other stores and the next
