@@ -427,6 +427,10 @@ prnn_status_t ctas_per_sm(int device, const prnn_problem_t *pb, bool backward, i
   cudaError_t err = prepare_kernel(k.fn, 80, k.smem);
   int blocks = 0;
   if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, kThreads, k.smem);
+  /* One CTA a multiprocessor, as the family's plans were measured: the few
+   * shapes whose registers would let two share one (H <= 512, S <= 2) are
+   * not measured that way, and their polls would share its issue slots. */
+  if (blocks > 1) blocks = 1;
   return remember_capacity(known, err, blocks, "planning the gated float32 grid kernel", per_sm);
 }
 
