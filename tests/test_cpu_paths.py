@@ -1,7 +1,8 @@
 """The CPU ops' ATen recurrences against the C reference of the C API, which
 PRNN_CPU_REFERENCE=1 makes them call: the same outputs and gradients within
 float32 rounding, with and without lengths (state frozen past a length,
-zeros there), relu at NaN, LSTM's projection and the gated ops' saved tensors."""
+zeros there; lengths that never increase, a PackedSequence's, run on the live
+rows alone), relu at NaN, LSTM's projection and the gated ops' saved tensors."""
 import pytest
 import torch
 
@@ -30,17 +31,26 @@ def assert_close(ours, ref, dtype):
         assert (a - b).norm() / scale < TOL[dtype], (k, ((a - b).norm() / scale).item())
 
 
-def lengths_for(batch, steps):
-    """Unsorted lengths with a zero and a full one."""
+LENGTHS = ["none", "unsorted", "non-increasing"]
+
+
+def lengths_for(batch, steps, order):
+    """Lengths with a zero and a full one: None, unsorted, or never increasing
+    along the batch with a tie (the live sequences of a step are leading rows)."""
+    if order == "none":
+        return None
     lengths = torch.randint(0, steps + 1, (batch,))
-    lengths[0], lengths[-1] = steps, 0
+    lengths[0], lengths[-1] = 0, steps  # unsorted whatever the draw
+    if order == "non-increasing":
+        lengths = lengths.sort(descending=True).values
+        lengths[1] = steps
     return lengths
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
-@pytest.mark.parametrize("with_lengths", [False, True])
-def test_elman(monkeypatch, dtype, nonlinearity, with_lengths):
+@pytest.mark.parametrize("order", LENGTHS)
+def test_elman(monkeypatch, dtype, nonlinearity, order):
     torch.manual_seed(0)
     T, B, H = 7, 5, 33
     xp = torch.randn(T, B, H, dtype=dtype)
@@ -48,7 +58,7 @@ def test_elman(monkeypatch, dtype, nonlinearity, with_lengths):
     w_hh = torch.randn(H, H, dtype=dtype) / H**0.5
     if nonlinearity == "relu":
         xp[2, 1, 3] = float("nan")  # relu keeps NaN; its gradient passes there
-    lengths = lengths_for(B, T) if with_lengths else None
+    lengths = lengths_for(B, T, order)
     grad_y = torch.randn(T, B, H, dtype=dtype)
     ours, ref = both_paths(monkeypatch, lambda: ops.forward(xp, h0, w_hh, lengths, nonlinearity))
     assert_close(ours, ref, dtype)
@@ -59,9 +69,9 @@ def test_elman(monkeypatch, dtype, nonlinearity, with_lengths):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("cell", ["lstm", "lstm_proj", "gru"])
-@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("order", LENGTHS)
 @pytest.mark.parametrize("save", [False, True])
-def test_gated(monkeypatch, dtype, cell, with_lengths, save):
+def test_gated(monkeypatch, dtype, cell, order, save):
     torch.manual_seed(1)
     T, B, H = 6, 4, 17
     lstm = cell != "gru"
@@ -73,7 +83,7 @@ def test_gated(monkeypatch, dtype, cell, with_lengths, save):
     c0 = torch.randn(B, H, dtype=dtype)
     w_hh = torch.randn(G * H, S, dtype=dtype) / S**0.5
     w_hr = torch.randn(S, H, dtype=dtype) / H**0.5 if cell == "lstm_proj" else None
-    lengths = lengths_for(B, T) if with_lengths else None
+    lengths = lengths_for(B, T, order)
     if lstm:
         forward = lambda: ops.lstm(xp, b_hh, h0, c0, w_hh, w_hr, lengths, save)  # noqa: E731
     else:

@@ -7,6 +7,7 @@
 // the tests' oracle: PRNN_CPU_REFERENCE=1 makes the CPU impls call it.
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "prnn_ops.h"
 
@@ -20,41 +21,88 @@ bool use_cpu_reference() {
 namespace {
 
 // Which sequences have finished at each step (t >= lengths[b]), from the
-// checked host int64 lengths; none without lengths.
+// checked host int64 lengths; none without lengths. Lengths that never
+// increase along the batch (a PackedSequence's, padded in its sorted order)
+// leave the live sequences of step t as the rows [0, live(t)), and the steps
+// run on those rows alone, as nn's packed recurrence does; other lengths
+// freeze the finished rows by masks.
 class Finished {
  public:
-  Finished(const std::optional<at::Tensor>& lengths, int64_t steps) {
-    if (!lengths.has_value() || lengths->numel() == 0) return;
-    const at::Tensor& l = *lengths;
+  Finished(const std::optional<at::Tensor>& lengths, int64_t steps, int64_t batch) : live_(steps + 1, batch) {
+    if (!lengths.has_value() || batch == 0) return;
+    const at::Tensor l = lengths->contiguous();
+    const int64_t* length = l.const_data_ptr<int64_t>();
+    sorted_ = true;
+    for (int64_t b = 1; b < batch && sorted_; ++b) sorted_ = length[b] <= length[b - 1];
+    if (sorted_) {
+      for (int64_t t = 0; t <= steps; ++t) {
+        int64_t n = 0;
+        while (n < batch && length[n] > t) ++n;
+        live_[t] = n;
+      }
+      return;
+    }
     mask_ = at::arange(steps, l.options()).unsqueeze(1) >= l.unsqueeze(0);  // steps x batch
     first_ = l.min().item<int64_t>();
   }
-  // batch x 1, true where a sequence has finished by step t; undefined when none has.
+  // True where the live sequences of every step are leading rows.
+  bool by_rows() const { return sorted_; }
+  // The rows a step computes: those of live sequences (by_rows) or every row.
+  int64_t rows(int64_t t) const { return live_[t]; }
+  // batch x 1, true where a sequence has finished by step t; undefined when
+  // none has or when the steps run by rows.
   at::Tensor at_step(int64_t t) const {
     return mask_.defined() && t >= first_ ? mask_.select(0, t).unsqueeze(1) : at::Tensor();
   }
-  // t with the rows of finished sequences zeroed (t itself without lengths): t [steps, batch, N].
+  // t with the rows of finished sequences zeroed (t itself without masks): t [steps, batch, N].
   at::Tensor zeroed(const at::Tensor& t) const {
     return mask_.defined() ? t.masked_fill(mask_.unsqueeze(2), 0) : t;
   }
 
  private:
+  std::vector<int64_t> live_;  // rows(t) for t = 0..steps
+  bool sorted_ = false;
   at::Tensor mask_;
   int64_t first_ = 0;
 };
 
-// The forward recurrence of every cell. step(t, h, c) computes step t from
-// the states before it (h [batch, S], LSTM's c [batch, hidden], else
-// undefined) into y[t] and saved[t], and returns the new c. A finished
-// sequence's state is frozen and its outputs zero, as in the reference.
-// Returns the final (h, c).
+// The leading n rows of t (t itself for all of them: no view's host cost a step).
+at::Tensor lead(const at::Tensor& t, int64_t n) { return n == t.size(0) ? t : t.narrow(0, 0, n); }
+
+// The forward recurrence of every cell. step(t, n, h, c) computes step t of
+// the leading n rows from the states before it (h [n, S], LSTM's c [n,
+// hidden], else undefined) into y[t] and saved[t], and returns the new c. A
+// finished sequence's state is frozen and its outputs zero, as in the
+// reference. Returns the final (h, c).
 template <typename Step>
 std::pair<at::Tensor, at::Tensor> run_forward(const at::Tensor& y, const at::Tensor& saved,
                                               const at::Tensor& h0, const at::Tensor& c0,
                                               const Finished& finished, Step step) {
+  const int64_t T = y.size(0), B = y.size(1);
   at::Tensor h = h0, c = c0;
-  for (int64_t t = 0; t < y.size(0); ++t) {
-    at::Tensor c_next = step(t, h, c);
+  if (finished.by_rows()) {
+    // Each sequence's final state is copied out at its last step; a sequence
+    // without steps keeps h0's (and c0's).
+    at::Tensor h_n = h0.clone(at::MemoryFormat::Contiguous);
+    at::Tensor c_n = c0.defined() ? c0.clone(at::MemoryFormat::Contiguous) : at::Tensor();
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = finished.rows(t), next = finished.rows(t + 1);
+      if (n < B) {
+        y[t].narrow(0, n, B - n).zero_();
+        if (saved.numel() > 0) saved[t].narrow(0, n, B - n).zero_();
+      }
+      if (n == 0) continue;
+      c = step(t, n, lead(h, n), c.defined() ? lead(c, n) : c);
+      h = lead(y[t], n);
+      if (next < n) {
+        h_n.narrow(0, next, n - next).copy_(h.narrow(0, next, n - next));
+        if (c.defined()) c_n.narrow(0, next, n - next).copy_(c.narrow(0, next, n - next));
+      }
+    }
+    return {h_n, c_n};
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    at::Tensor c_next = step(t, B, h, c);
     at::Tensor h_next = y[t];
     const at::Tensor done = finished.at_step(t);
     if (done.defined()) {
@@ -79,10 +127,10 @@ std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::
   at::Tensor y = at::empty({T, xp.size(1), xp.size(2)}, xp.options());
   const at::Tensor w_hh_t = w_hh.t();
   const auto [h_n, c_n] = run_forward(
-      y, at::Tensor(), h0, at::Tensor(), Finished(lengths, T),
-      [&](int64_t t, const at::Tensor& h, const at::Tensor&) {
-        at::Tensor y_t = y[t];
-        at::addmm_out(y_t, xp[t], h, w_hh_t);
+      y, at::Tensor(), h0, at::Tensor(), Finished(lengths, T, xp.size(1)),
+      [&](int64_t t, int64_t n, const at::Tensor& h, const at::Tensor&) {
+        at::Tensor y_t = lead(y[t], n);
+        at::addmm_out(y_t, lead(xp[t], n), h, w_hh_t);
         // relu_ keeps NaN, as the reference's relu
         activation == PRNN_ACT_TANH ? y_t.tanh_() : y_t.relu_();
         return at::Tensor();
@@ -93,21 +141,25 @@ std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::
 at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
                               const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                               prnn_activation_t activation) {
-  const int64_t T = y.size(0);
+  const int64_t T = y.size(0), B = y.size(1);
   at::Tensor grad_xp = at::empty(y.sizes(), y.options());
   // A finished sequence's grad_y is left out; its delta is then zero, as the
   // reference's (its y is zero and so is the delta after it).
-  const at::Tensor grad = Finished(lengths, T).zeroed(grad_y);
+  const Finished finished(lengths, T, B);
+  const at::Tensor grad = finished.zeroed(grad_y);
   for (int64_t t = T - 1; t >= 0; --t) {
-    at::Tensor delta = grad_xp[t];  // dLoss/d(xp_t + W_hh h_{t-1}) = act'(y_t) dLoss/dh_t
+    const int64_t n = finished.rows(t);
+    if (n < B) grad_xp[t].narrow(0, n, B - n).zero_();
+    if (n == 0) continue;
+    at::Tensor delta = lead(grad_xp[t], n);  // dLoss/d(xp_t + W_hh h_{t-1}) = act'(y_t) dLoss/dh_t
     if (t == T - 1)
-      delta.copy_(grad[t]);
-    else
-      at::addmm_out(delta, grad[t], grad_xp[t + 1], w_hh);  // dLoss/dh_t = grad_y_t + delta_{t+1} W_hh
+      delta.copy_(lead(grad[t], n));
+    else  // dLoss/dh_t = grad_y_t + delta_{t+1} W_hh
+      at::addmm_out(delta, lead(grad[t], n), lead(grad_xp[t + 1], n), w_hh);
     if (activation == PRNN_ACT_TANH)
-      at::tanh_backward_out(delta, delta, y[t]);
+      at::tanh_backward_out(delta, delta, lead(y[t], n));
     else
-      delta.masked_fill_(y[t] <= 0, 0);  // passes where y is NaN, as the reference
+      delta.masked_fill_(lead(y[t], n) <= 0, 0);  // passes where y is NaN, as the reference
   }
   return grad_xp;
 }
@@ -130,11 +182,11 @@ void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& c
     const bool projection = call.w_hr.defined();
     const at::Tensor m = projection ? at::empty({B, H}, xp.options()) : at::Tensor();
     std::tie(h_n, c_n) = run_forward(
-        call.y, call.saved, call.h0, call.c0, Finished(lengths, T),
-        [&](int64_t t, const at::Tensor& h, const at::Tensor& c) {
-          const at::Tensor buffer = step_buffer(t);  // i, f, g, o, c
+        call.y, call.saved, call.h0, call.c0, Finished(lengths, T, B),
+        [&](int64_t t, int64_t rows, const at::Tensor& h, const at::Tensor& c) {
+          const at::Tensor buffer = lead(step_buffer(t), rows);  // i, f, g, o, c
           at::Tensor gates = buffer.narrow(1, 0, 4 * H);
-          at::addmm_out(gates, xp[t], h, w_hh_t);
+          at::addmm_out(gates, lead(xp[t], rows), h, w_hh_t);
           gates.narrow(1, 0, 2 * H).sigmoid_();
           gates.narrow(1, 2 * H, H).tanh_();
           gates.narrow(1, 3 * H, H).sigmoid_();
@@ -143,8 +195,8 @@ void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& c
           at::Tensor c_t = buffer.narrow(1, 4 * H, H);
           at::mul_out(c_t, f, c);
           c_t.addcmul_(i, g);
-          at::Tensor y_t = call.y[t];
-          at::Tensor m_t = projection ? m : y_t;  // o tanh(c_t)
+          at::Tensor y_t = lead(call.y[t], rows);
+          at::Tensor m_t = projection ? lead(m, rows) : y_t;  // o tanh(c_t)
           at::tanh_out(m_t, c_t);
           m_t.mul_(o);
           if (projection) at::mm_out(y_t, m_t, call.w_hr.t());
@@ -152,10 +204,10 @@ void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& c
         });
   } else {
     std::tie(h_n, c_n) = run_forward(
-        call.y, call.saved, call.h0, at::Tensor(), Finished(lengths, T),
-        [&](int64_t t, const at::Tensor& h, const at::Tensor&) {
-          const at::Tensor buffer = step_buffer(t);  // r, z, n, hn
-          const at::Tensor x = call.xp[t];
+        call.y, call.saved, call.h0, at::Tensor(), Finished(lengths, T, B),
+        [&](int64_t t, int64_t rows, const at::Tensor& h, const at::Tensor&) {
+          const at::Tensor buffer = lead(step_buffer(t), rows);  // r, z, n, hn
+          const at::Tensor x = lead(call.xp[t], rows);
           at::Tensor rz = buffer.narrow(1, 0, 2 * H), n = buffer.narrow(1, 2 * H, H),
                      hn = buffer.narrow(1, 3 * H, H);
           at::Tensor hh = buffer.narrow(1, 0, 3 * H);  // W_hh h + b_hh
@@ -167,7 +219,7 @@ void gated_forward_aten(const prnn_problem_t& problem, const GatedForwardCall& c
           rz.add_(x.narrow(1, 0, 2 * H)).sigmoid_();
           at::addcmul_out(n, x.narrow(1, 2 * H, H), rz.narrow(1, 0, H), hn);
           n.tanh_();
-          at::Tensor y_t = call.y[t];
+          at::Tensor y_t = lead(call.y[t], rows);
           // (1 - z) n + z h as nn.GRU writes it, n + z (h - n): lerp's other form
           // for z >= 0.5 gives NaN where h is infinite and z is 1.
           at::sub_out(y_t, h, n);
@@ -265,23 +317,32 @@ void gated_backward_aten(const prnn_problem_t& problem, const GatedBackwardCall&
   at::Tensor dh = call.grad_h0, dc = call.grad_c0;
   call.grad_h_n.defined() ? dh.copy_(call.grad_h_n) : dh.zero_();
   if (lstm) call.grad_c_n.defined() ? dc.copy_(call.grad_c_n) : dc.zero_();
-  const at::Tensor grad_y = Finished(lengths, T).zeroed(call.grad_y);
+  // Past its length a sequence's dh and dc pass through: its rows are left
+  // out of the step's ATen work where the live ones lead (Finished).
+  const Finished finished(lengths, T, B);
+  const at::Tensor grad_y = finished.zeroed(call.grad_y);
   const at::Tensor keep = at::empty(dh.sizes(), options);
   at::Tensor dm = projection ? at::empty({B, H}, options) : dh;
   at::Tensor tanh_c = lstm ? at::empty({B, H}, options) : at::Tensor();
   const at::Tensor& da = lstm ? call.grad_xp : call.grad_hh;  // dLoss/d(W_hh h_{t-1} + b_hh)
   const int32_t* length = lengths32.defined() ? lengths32.const_data_ptr<int32_t>() : nullptr;
   for (int64_t t = T - 1; t >= 0; --t) {
-    dh.add_(grad_y[t]);
+    const int64_t n = finished.rows(t);
+    at::Tensor dh_live = lead(dh, n);
+    dh_live.add_(lead(grad_y[t], n));
     if (projection) {
-      call.grad_h[t].copy_(dh);
-      at::mm_out(dm, dh, call.w_hr);
+      lead(call.grad_h[t], n).copy_(dh_live);
+      at::Tensor dm_live = lead(dm, n);
+      at::mm_out(dm_live, dh_live, call.w_hr);
     }
-    if (lstm) at::tanh_out(tanh_c, call.saved[t].narrow(1, 4 * H, H));
+    if (lstm) {
+      at::Tensor tanh_c_live = lead(tanh_c, n);
+      at::tanh_out(tanh_c_live, lead(call.saved[t].narrow(1, 4 * H, H), n));
+    }
     AT_DISPATCH_FLOATING_TYPES(call.y.scalar_type(), "gated_backward_step", [&] {
       gated_backward_step<scalar_t>(problem, call, length, t, dh, dm, tanh_c, dc, keep);
     });
-    at::addmm_out(dh, keep, da[t], call.w_hh);  // dLoss/dh_{t-1} = keep + da_t W_hh
+    if (n > 0) at::addmm_out(dh_live, lead(keep, n), lead(da[t], n), call.w_hh);  // dLoss/dh_{t-1} = keep + da_t W_hh
   }
 }
 
