@@ -703,3 +703,55 @@ def test_gru_infinite_state_as_nn():
         h0[0, 0, 0] = float("inf")
         for a, b in zip(values(ours(x, h0)), values(theirs(x, h0))):
             assert torch.allclose(a, b, equal_nan=True), seed
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("cell", CELLS)
+def test_final_states_are_not_views(cell, grad, packed):
+    """h_n (and c_n) are tensors of their own, as nn's are, not views: code
+    that detaches the carried state in place (truncated backpropagation
+    through time) runs on ours as on nn's, with the same gradients after."""
+    for layers, bidirectional in ((1, False), (2, False), (1, True)):
+        ours, theirs = twins(cell, num_layers=layers, bidirectional=bidirectional)
+        x = torch.randn(5, 3, 4, dtype=F64)
+        if packed:
+            x = pack_padded_sequence(x, torch.tensor([5, 4, 2]))
+        grads = []
+        for module in ours, theirs:
+            with torch.set_grad_enabled(grad):
+                output, h_n = module(x)
+            finals = states(h_n)
+            assert [s._is_view() for s in finals] == [False] * len(finals), (type(module).__name__, layers)
+            for s in finals:
+                s.detach_()
+            if grad:
+                grads.append(torch.autograd.grad(weighted_loss([values((output, h_n))[0]]), list(module.parameters())))
+        if grad:
+            assert_all_close(grads[0], grads[1], ours._flat_weights_names)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_nn_helper_methods(cell):
+    """nn.RNNBase's public helpers (and nn.LSTM's for c) answer as nn's do:
+    code written against nn's modules may call them."""
+    ours, theirs = twins(cell, num_layers=2, bidirectional=True, **({"proj_size": 3} if cell == "lstm" else {}))
+    x = torch.randn(5, 3, 4, dtype=F64)
+    batch_sizes = torch.tensor([3, 3, 2, 1])
+    for args in ((x, None), (x[:, 0], batch_sizes)):
+        assert ours.get_expected_hidden_size(*args) == theirs.get_expected_hidden_size(*args)
+        if cell == "lstm":
+            assert ours.get_expected_cell_size(*args) == theirs.get_expected_cell_size(*args)
+    good, bad = make_hx(theirs, 3, requires_grad=False), make_hx(theirs, 2, requires_grad=False)
+    assert ours.check_forward_args(x, good, None) is None
+    calls = [lambda m: m.check_forward_args(x, bad, None), lambda m: m.check_input(x.float(), None),
+             lambda m: m.check_input(x[0, 0], None), lambda m: m.check_hidden_size(x, (1, 2, 3))]
+    for call in calls:
+        with pytest.raises(Exception) as expected:
+            call(theirs)
+        with pytest.raises(type(expected.value), match=f"^{re.escape(str(expected.value))}$"):
+            call(ours)
+    order = torch.tensor([2, 0, 1])
+    for a, b in zip(states(ours.permute_hidden(good, order)), states(theirs.permute_hidden(good, order))):
+        assert torch.equal(a, b)
+    assert ours.permute_hidden(good, None) is good

@@ -119,7 +119,19 @@ class FlatWeights:
         self._flat_weights_stale = False
 
 
-class PersistentRNNBase(FlatWeights, nn.Module):
+class NNHelpers:
+    """nn.RNNBase's public helpers, nn's own functions, for the modules to
+    mix in: code written against nn's modules (a subclass, a wrapper) calls
+    them. They read only the attributes the modules share with nn's."""
+
+    check_input = nn.RNNBase.check_input
+    get_expected_hidden_size = nn.RNNBase.get_expected_hidden_size
+    check_hidden_size = nn.RNNBase.check_hidden_size
+    check_forward_args = nn.RNNBase.check_forward_args
+    permute_hidden = nn.RNNBase.permute_hidden
+
+
+class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
     """Parameters, interface and input handling of torch.nn.RNNBase; the
     recurrence of each layer and direction is the subclass's ``_recurrence``:
     ``(xp [T,B,G*H], states [each B x size], w_hh, b_hh, w_hr, lengths) ->
@@ -365,8 +377,9 @@ class PersistentRNNBase(FlatWeights, nn.Module):
                     finals.append(final)
                 layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
             output = layer_input
-            # One layer's final state is already a tensor of its own: a view, not a copy.
-            states = [state[0].unsqueeze(0) if len(state) == 1 else torch.stack(state) for state in zip(*finals)]
+            # One layer's final state is already a tensor of its own: made 3-D in place, neither copied
+            # nor a view (nn's h_n is none: detach_() works on it).
+            states = [state[0].unsqueeze_(0) if len(state) == 1 else torch.stack(state) for state in zip(*finals)]
             if packed:
                 output = output.flatten(0, 1).index_select(0, rows)
 

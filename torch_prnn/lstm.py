@@ -47,6 +47,11 @@ class PersistentLSTM(PersistentRNNBase):
         )
         self._state_sizes = (proj_size or hidden_size, hidden_size)  # h, c
 
+    # nn.LSTM's versions of nn.RNNBase's helpers, with c's size (nn's own functions).
+    get_expected_cell_size = nn.LSTM.get_expected_cell_size
+    check_forward_args = nn.LSTM.check_forward_args
+    permute_hidden = nn.LSTM.permute_hidden
+
     @classmethod
     def from_lstm(cls, lstm: nn.LSTM) -> "PersistentLSTM":
         """A PersistentLSTM with ``lstm``'s configuration, a copy of its

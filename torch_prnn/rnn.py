@@ -19,7 +19,7 @@ torch.jit._builtins._register_builtin(_prnn_layer, "prnn::layer")
 torch.jit._builtins._register_builtin(_prnn_forward, "prnn::forward")
 
 
-class PersistentRNN(_recurrent.FlatWeights, nn.Module):
+class PersistentRNN(_recurrent.FlatWeights, _recurrent.NNHelpers, nn.Module):
     """Elman RNN with the interface, parameters and numbers of
     :class:`torch.nn.RNN`; each layer's recurrence runs as one persistent
     kernel instead of one GEMM per step (``torch.ops.prnn.layer``, the input
@@ -261,8 +261,9 @@ class PersistentRNN(_recurrent.FlatWeights, nn.Module):
                     outputs.append(y)
                     states.append(h)
                 layer_input = torch.cat(outputs, -1) if num_directions == 2 else outputs[0]
-            # One layer's h_n is already a tensor of its own: a view, not a copy.
-            output, h_n = layer_input, states[0].unsqueeze(0) if len(states) == 1 else torch.stack(states)
+            # One layer's h_n is already a tensor of its own: made 3-D in place, neither copied nor a
+            # view (nn.RNN's h_n is none: detach_() works on it).
+            output, h_n = layer_input, states[0].unsqueeze_(0) if len(states) == 1 else torch.stack(states)
             if rows is not None:
                 output = output.flatten(0, 1).index_select(0, rows)
 

@@ -91,9 +91,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers(const at::Tensor& input, c
     h_n.push_back(h_last);
     x = y;
   }
-  // One layer's final state is already a tensor of its own: a view, not a copy.
-  const auto stacked = [&](const std::vector<at::Tensor>& states) {
-    return num_layers == 1 ? states[0].unsqueeze(0) : at::stack(states);
+  // One layer's final state is already a tensor of its own: made 3-D in place,
+  // neither copied nor a view (nn's h_n is none: detach_() works on it).
+  const auto stacked = [&](std::vector<at::Tensor>& states) {
+    return num_layers == 1 ? states[0].unsqueeze_(0) : at::stack(states);
   };
   return {x, stacked(h_n), lstm ? stacked(c_n) : at::Tensor()};
 }
