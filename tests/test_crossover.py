@@ -76,8 +76,20 @@ def test_limits_follow_the_measurements():
     assert faster("rnn", torch.bfloat16, "cuda", 16, 3072)
     assert faster("rnn", torch.float16, "cuda", 1, 4096)
     assert faster("lstm", torch.float32, "cuda", 1, 256, proj_size=64)
-    assert faster("lstm", torch.float32, "cpu", 1, 256)  # nn.LSTM's oneDNN LSTM
-    assert not faster("lstm", torch.float32, "cpu", 1, 8)  # one small step a call: ours
+    # The CPU: nn.LSTM's oneDNN LSTM but for the shortest calls; with a projection ATen's steps.
+    assert faster("lstm", torch.float32, "cpu", 1, 256)  # steps unknown: a long call
+    assert faster("lstm", torch.float32, "cpu", 1, 16, steps=3)
+    assert not faster("lstm", torch.float32, "cpu", 1, 8, steps=1)  # one small step a call: ours
+    assert not faster("lstm", torch.float32, "cpu", 1, 1024, steps=2)
+    assert faster("lstm", torch.float32, "cpu", 4, 1024, steps=1)
+    assert faster("lstm", torch.float32, "cpu", 4, 256, steps=1)
+    assert not faster("lstm", torch.float32, "cpu", 16, 64, steps=2)
+    assert faster("lstm", torch.float32, "cpu", 16, 128, steps=2)
+    assert not faster("lstm", torch.float32, "cpu", 16, 1024, training=True, steps=2)
+    assert faster("lstm", torch.float32, "cpu", 1, 64, training=True, steps=3)
+    assert not faster("lstm", torch.float32, "cpu", 4, 1024, proj_size=256, training=True, steps=256)
+    assert faster("lstm", torch.float32, "cpu", 4, 512, proj_size=128, steps=1)
+    assert not faster("lstm", torch.float32, "cpu", 4, 256, proj_size=64, steps=256)
     assert not faster("rnn", torch.float32, "cpu", 1024, 1024)
     assert not faster("gru", torch.float32, "cpu", 1024, 1024)
     assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
@@ -187,10 +199,10 @@ def _assert_same_call(ours, ref, make_input, hx=None):
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"num_layers": 2, "bidirectional": True, "batch_first": True},
-                                    {"proj_size": 3}, {"num_layers": 2, "dropout": 0.0, "bias": False}])
+                                    {"num_layers": 2, "dropout": 0.0, "bias": False}])
 def test_cpu_lstm_is_nn_lstm(kwargs):
     ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, **kwargs)
-    assert torch_prnn.plan(256, batch=3, cell="lstm", device="cpu")["module"] == "torch"
+    assert torch_prnn.plan(256, batch=3, steps=4, cell="lstm", device="cpu")["module"] == "torch"
     shape = (3, 4, 5) if kwargs.get("batch_first") else (4, 3, 5)
     x = torch.randn(shape)
     _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
@@ -254,8 +266,7 @@ def test_hand_over_is_nns_call_on_the_modules_parameters(cell, form, monkeypatch
     of the buffer flatten_parameters made, which cuDNN takes without copying
     them (a list rebuilt from copies, or in another order, would be compacted
     on every call, with cuDNN's warning)."""
-    monkeypatch.setattr(_crossover, "_CPU_TORCH_CELLS", tuple(CELLS))  # every call handed over
-    monkeypatch.setattr(_crossover, "_CPU_TORCH_MIN_HIDDEN", 0)
+    monkeypatch.setattr(_crossover, "cpu_torch_runs", lambda *args: True)  # every call handed over
     kwargs, shape, lengths = FORMS[form]
     packed = lengths is not None
     x = torch.randn(shape)
@@ -345,7 +356,7 @@ def test_cuda_parameters_share_one_buffer_and_load_both_ways():
 def test_cpu_lstm_one_step_no_grad_is_nn_lstm():
     # The eager one-timestep call (torch_prnn/_short.py) hands over as the regular path does.
     ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, num_layers=2)
-    x, state = torch.randn(1, 2, 5), (torch.randn(2, 2, 256), torch.randn(2, 2, 256))
+    x, state = torch.randn(1, 8, 5), (torch.randn(2, 8, 256), torch.randn(2, 8, 256))  # B * H past ours
     with torch.no_grad():
         (y0, (h0, c0)), (y1, (h1, c1)) = ours(x, state), ref(x, state)
     assert torch.equal(y0, y1) and torch.equal(h0, h1) and torch.equal(c0, c1)

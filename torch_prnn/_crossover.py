@@ -98,12 +98,22 @@ _CLUSTER_LIMITS = {
     ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
 }
 
-# On the CPU, nn.LSTM's oneDNN LSTM beat our ATen steps at H = 256 and 1024
-# (0.2-0.7x, T = 256, B 1-16); at H = 8 one step a call ours was faster (19
-# against 45 µs: bench/NOTES.md, one timestep a call). Elman and GRU were at
-# least even (0.98-1.25x forward).
-_CPU_TORCH_CELLS = ("lstm",)
-_CPU_TORCH_MIN_HIDDEN = 256
+# On the CPU (two threads, eager, bench/results/sweep_cpu.json, bench/NOTES.md
+# step 90) nn.LSTM without a projection runs oneDNN's LSTM, ahead of our
+# ATen steps from a few steps a call at every H (T = 16: forward
+# 0.54-0.82x, training 0.74-1.09x but 1.2-2.4x at H = 1024 B <= 4; T = 256:
+# forward 0.14-0.67x, training 0.27-1.05x) and behind in the shortest calls,
+# where its weights' preparation costs more than the steps: up to two steps
+# with gradients ours 1.16-4.65x (H 16-1024, B 1-16); without, 1.11-1.43x
+# below H = 256 where B * H <= 1024 and 1.15-7.4x at B = 1 (0.68-1.03x at
+# H 256-1024 from B = 4). With a projection nn.LSTM runs ATen's steps, as
+# ours: ours ahead in training (1.4-4.0x, H 64-1024) and forwards below
+# H = 512 (1.0-1.45x; 0.88-0.91x at H 512-1024). Elman and GRU: ours at
+# least even (0.98-1.9x forward, 1.3-8.3x training at H 16-1024).
+_CPU_OURS_MAX_STEPS = 2
+_CPU_SMALL_HIDDEN = 256
+_CPU_SMALL_BATCH_HIDDEN = 1024
+_CPU_PROJ_TORCH_MIN_HIDDEN = 512
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
@@ -183,6 +193,20 @@ def _cluster_family_runs(index: int) -> bool:
     return knob in ("", "0") and torch.cuda.is_available() and torch.cuda.get_device_capability(index) >= (9, 0)
 
 
+def cpu_torch_runs(cell: str, batch: int, hidden: int, proj_size: int, training: bool, steps: int | None) -> bool:
+    """torch_runs' rule on the CPU (float32 or 16 bits, no autocast): nn.LSTM
+    where it is faster (the limits above; a call of unknown steps counts as a
+    long one)."""
+    if cell != "lstm":
+        return False
+    if proj_size > 0:
+        return not training and hidden >= _CPU_PROJ_TORCH_MIN_HIDDEN
+    if steps is None or steps > _CPU_OURS_MAX_STEPS:
+        return True
+    small = hidden < _CPU_SMALL_HIDDEN and batch * hidden <= _CPU_SMALL_BATCH_HIDDEN
+    return not (training or batch == 1 or small)
+
+
 def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
                     proj_size: int = 0, training: bool = False, device_index: int | None = None,
                     steps: int | None = None, layers_op: bool = False) -> bool:
@@ -222,7 +246,7 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         # input or with proj_size): torch runs them, so the results are nn's.
         if torch.is_autocast_enabled("cpu"):
             return True
-        return cell in _CPU_TORCH_CELLS and hidden >= _CPU_TORCH_MIN_HIDDEN
+        return cpu_torch_runs(cell, batch, hidden, proj_size, training, steps)
     if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
     autocast = torch.is_autocast_enabled("cuda")
