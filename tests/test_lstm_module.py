@@ -40,6 +40,15 @@ class TestLSTM(CellTests):
     def test_bad_states_match_nn(self, device, name, make):
         self.check_bad_call(device, torch.randn(5, 3, 4), make())
 
+    @pytest.mark.parametrize("shape", [(2, 3, 7), (2, 2, 3, 7)], ids=["3-D", "h and c stacked"])
+    def test_hx_as_one_tensor_is_refused(self, shape):
+        """hx as one tensor (nn.LSTM raises on it too) is a TypeError naming
+        hx, not unpacked along its first dimension into h and c."""
+        lstm = torch_prnn.PersistentLSTM(4, 7, num_layers=2)
+        for x in (torch.randn(5, 3, 4), torch.randn(5, 4)):
+            with pytest.raises(TypeError, match=r"^PersistentLSTM: hx must be a tuple \(h_0, c_0\)"):
+                lstm(x, torch.zeros(shape))
+
     def test_projection_state_shapes(self):
         lstm = torch_prnn.PersistentLSTM(4, 7, num_layers=2, proj_size=3, bidirectional=True)
         output, (h_n, c_n) = lstm(torch.randn(5, 2, 4))

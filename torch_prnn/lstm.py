@@ -83,6 +83,9 @@ class PersistentLSTM(PersistentRNNBase):
         return self._script_padded(input, states)
 
     def _unpack_hx(self, hx: tuple[Tensor, Tensor]) -> list[Tensor]:
+        # One tensor would unpack along its first dimension (nn.LSTM raises on it too).
+        if isinstance(hx, Tensor):
+            raise TypeError("PersistentLSTM: hx must be a tuple (h_0, c_0) of two tensors, got a Tensor")
         if len(hx) != 2:
             raise RuntimeError("lstm expects two hidden states")
         return [hx[0], hx[1]]
