@@ -2,7 +2,7 @@
 # Everything a GPU run needs in one command: build, GPU tests, benchmark, a short table last.
 #
 #   bash bench/device_run.sh [--results DIR] [stages...]
-#   stages: build test (TEST_ARGS) ptest (PTEST_LANES) gputest bench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall ffma abold (default: build test bench)
+#   stages: build test (TEST_ARGS) ptest (PTEST_LANES) gputest bench gatedbench stream streamtest quick diag host spread trace lab projlab profile fusedprobe sanitize probe demo firstcall ffma abold (default: build test bench)
 #
 # Results (JSON) go to the results folder: DIR, else $RESULTS_DIR, else build/gpu/.
 # The stage logs go to its logs/, packed into logs.tar.gz at the end (one file
@@ -104,6 +104,14 @@ PY
     bench)
       stage bench python3 bench/bench.py --floor build/floor --out "$results"
       tail -115 "$LOG/bench.log" ;;
+    gatedbench) # the LSTM and GRU grids against nn's (their issues' grid), a process a cell and dtype: a
+      # stopped run keeps the records of those done
+      for cell in lstm gru; do
+        for dt in bfloat16 float16 float32; do
+          stage "bench_${cell}_$dt" python3 bench/bench.py --cell "$cell" --dtype "$dt" --out "$results"
+          tail -22 "$LOG/bench_${cell}_$dt.log"
+        done
+      done ;;
     stream) # one timestep a call: Stream.step against nn.RNN eager and in a CUDA graph
       stage stream python3 bench/stream_bench.py --out "$results"
       tail -25 "$LOG/stream.log" ;;
