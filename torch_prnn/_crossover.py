@@ -98,7 +98,7 @@ _CLUSTER_LIMITS = {
     ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
 }
 
-# On the CPU (two threads, eager, bench/results/sweep_cpu.json, bench/NOTES.md
+# On the CPU (two threads, eager, bench/results/sweep_cpu.handover.json, bench/NOTES.md
 # step 90) nn.LSTM without a projection runs oneDNN's LSTM, ahead of our
 # ATen steps from a few steps a call at every H (T = 16: forward
 # 0.54-0.82x, training 0.74-1.09x but 1.2-2.4x at H = 1024 B <= 4; T = 256:
