@@ -86,7 +86,16 @@ def test_limits_follow_the_measurements():
     assert not faster("lstm", torch.float32, "cpu", 16, 64, steps=2)
     assert faster("lstm", torch.float32, "cpu", 16, 128, steps=2)
     assert not faster("lstm", torch.float32, "cpu", 16, 1024, training=True, steps=2)
-    assert faster("lstm", torch.float32, "cpu", 1, 64, training=True, steps=3)
+    assert faster("lstm", torch.float32, "cpu", 1, 64, training=True, steps=5)
+    assert not faster("lstm", torch.float32, "cpu", 16, 64, training=True, steps=4)
+    assert not faster("lstm", torch.float32, "cpu", 4, 1024, training=True, steps=16)
+    assert faster("lstm", torch.float32, "cpu", 16, 1024, training=True, steps=16)
+    # nn.LSTM on ATen's steps: packed training, 16 bits
+    assert not faster("lstm", torch.float32, "cpu", 16, 64, training=True, steps=64, packed=True)
+    assert faster("lstm", torch.float32, "cpu", 16, 64, steps=64, packed=True)
+    assert not faster("lstm", torch.bfloat16, "cpu", 4, 1024, training=True, steps=256)
+    assert faster("lstm", torch.bfloat16, "cpu", 4, 1024, steps=64)
+    assert not faster("lstm", torch.float16, "cpu", 4, 256, steps=64)
     assert not faster("lstm", torch.float32, "cpu", 4, 1024, proj_size=256, training=True, steps=256)
     assert faster("lstm", torch.float32, "cpu", 4, 512, proj_size=128, steps=1)
     assert not faster("lstm", torch.float32, "cpu", 4, 256, proj_size=64, steps=256)
@@ -161,13 +170,16 @@ def test_every_module_path_gives_the_hand_over_its_steps(cell, form, monkeypatch
 def test_plan_says_what_a_module_runs():
     assert torch_prnn.plan(1024, batch=32, cell="lstm", device="cpu")["module"] == "torch"
     assert torch_prnn.plan(8, batch=1, cell="lstm", device="cpu")["module"] == "prnn"
+    assert torch_prnn.plan(8, batch=1, steps=256, cell="lstm", device="cpu")["module"] == "torch"
+    assert torch_prnn.plan(8, batch=1, steps=256, cell="lstm", device="cpu", backward=True,
+                           lengths=True)["module"] == "prnn"
     assert torch_prnn.plan(1024, batch=32, cell="gru", device="cpu")["module"] == "prnn"
     assert torch_prnn.plan(8, batch=1, device="cpu")["module"] == "prnn"
 
 
 def test_environment_turns_the_hand_over_off():
     code = ("import torch, torch_prnn; from torch_prnn import _crossover; "
-            "print(_crossover.enabled, torch_prnn.plan(256, cell='lstm', device='cpu')['module'])")
+            "print(_crossover.enabled, torch_prnn.plan(256, steps=256, cell='lstm', device='cpu')['module'])")
     rc, out = run_python(["-c", code], timeout=120, env_extra={"PRNN_TORCH_FALLBACK": "0"})
     assert rc == 0 and out.strip().splitlines()[-1] == "False prnn", out
 
@@ -202,12 +214,12 @@ def _assert_same_call(ours, ref, make_input, hx=None):
                                     {"num_layers": 2, "dropout": 0.0, "bias": False}])
 def test_cpu_lstm_is_nn_lstm(kwargs):
     ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, **kwargs)
-    assert torch_prnn.plan(256, batch=3, steps=4, cell="lstm", device="cpu")["module"] == "torch"
-    shape = (3, 4, 5) if kwargs.get("batch_first") else (4, 3, 5)
+    assert torch_prnn.plan(256, batch=3, steps=6, cell="lstm", device="cpu", backward=True)["module"] == "torch"
+    shape = (3, 6, 5) if kwargs.get("batch_first") else (6, 3, 5)
     x = torch.randn(shape)
     _assert_same_call(ours, ref, lambda: x.clone().requires_grad_())
     # unbatched, and hx given
-    u = torch.randn(4, 5)
+    u = torch.randn(6, 5)
     _assert_same_call(ours, ref, lambda: u.clone().requires_grad_())
     layers = ours.num_layers * (2 if ours.bidirectional else 1)
     hx = (torch.randn(layers, 3, ours.proj_size or 256), torch.randn(layers, 3, 256))
@@ -216,11 +228,17 @@ def test_cpu_lstm_is_nn_lstm(kwargs):
 
 @pytest.mark.parametrize("enforce_sorted", [False, True])
 def test_cpu_lstm_packed_is_nn_lstm(enforce_sorted):
+    """A packed forward hands over (nn's packed LSTM, bit for bit); a packed
+    training call stays ours (nn's runs ATen's steps there, slower)."""
     ours, ref = _pair("lstm", "cpu", torch.float32, hidden=256, num_layers=2)
     x = torch.randn(6, 4, 5)
     lengths = torch.tensor([6, 5, 3, 1]) if enforce_sorted else torch.tensor([3, 6, 1, 5])
-    _assert_same_call(ours, ref, lambda: pack_padded_sequence(x.clone().requires_grad_(), lengths,
-                                                              enforce_sorted=enforce_sorted))
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    with torch.no_grad():
+        (y0, (h0, c0)), (y1, (h1, c1)) = ours(packed), ref(packed)
+    assert torch.equal(y0.data, y1.data) and torch.equal(h0, h1) and torch.equal(c0, c1)
+    plan = torch_prnn.plan(256, batch=4, steps=6, cell="lstm", device="cpu", backward=True, lengths=True)
+    assert plan["module"] == "prnn"
 
 
 def test_cpu_lstm_bad_input_errors_stay():

@@ -1,16 +1,17 @@
 """Where torch's own recurrence is faster than the persistent kernels, and the
 modules hand the call to it (``torch._VF``'s rnn_tanh / rnn_relu / lstm / gru,
 what nn.RNN, nn.LSTM and nn.GRU run: cuDNN on CUDA, oneDNN or ATen on the
-CPU), so that a module is never slower than the one it replaces.
+CPU), so that a module is not slower than the one it replaces where measured.
 
 The persistent kernels run a large batch in waves of the sequences that fit
 on chip, while cuDNN's per-step GEMMs grow sub-linearly in the batch; on the
-CPU nn.LSTM runs oneDNN's fused LSTM. The limits below are the largest
+CPU nn.LSTM runs oneDNN's fused LSTM. The CUDA limits below are the largest
 batches at which ours was at least as fast as the torch module in the same
 run, eager, T in {16, 64, 256} (NVIDIA H200, torch 2.11, cuDNN 9.19:
-bench/results/sweep_NVIDIA_H200.json and NVIDIA_H200.json; the CPU:
-bench/results/cpu.json; bench/NOTES.md steps 43 and 45 have the figures). Other GPUs
-were not measured: the same limits apply there.
+bench/results/sweep_NVIDIA_H200.json and NVIDIA_H200.json; bench/NOTES.md
+steps 43 and 45 have the figures); the CPU's rule is by call length (one
+2-thread CPU: bench/results/cpu.json and sweep_cpu.handover.json, NOTES step
+90). Other GPUs and CPUs were not measured: the same limits apply there.
 
 ``PRNN_TORCH_FALLBACK=0`` in the environment turns the hand-over off (every
 call on the persistent kernels), for measuring them.
@@ -98,22 +99,27 @@ _CLUSTER_LIMITS = {
     ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
 }
 
-# On the CPU (two threads, eager, bench/results/sweep_cpu.handover.json, bench/NOTES.md
-# step 90) nn.LSTM without a projection runs oneDNN's LSTM, ahead of our
-# ATen steps from a few steps a call at every H (T = 16: forward
-# 0.54-0.82x, training 0.74-1.09x but 1.2-2.4x at H = 1024 B <= 4; T = 256:
-# forward 0.14-0.67x, training 0.27-1.05x) and behind in the shortest calls,
-# where its weights' preparation costs more than the steps: up to two steps
-# with gradients ours 1.16-4.65x (H 16-1024, B 1-16); without, 1.11-1.43x
-# below H = 256 where B * H <= 1024 and 1.15-7.4x at B = 1 (0.68-1.03x at
-# H 256-1024 from B = 4). With a projection nn.LSTM runs ATen's steps, as
-# ours: ours ahead in training (1.4-4.0x, H 64-1024) and forwards below
-# H = 512 (1.0-1.45x; 0.88-0.91x at H 512-1024). Elman and GRU: ours at
+# On the CPU (two threads, eager, bench/results/sweep_cpu.handover.json,
+# bench/NOTES.md step 90) nn.LSTM in float32 without a projection on padded
+# input runs oneDNN's LSTM, ahead of our ATen steps from a few steps a call
+# (T = 16: forward 0.54-0.82x ours, training 0.74-1.09x but 0.93-2.35x at
+# H = 1024; T = 256: forward 0.14-0.67x, training 0.27-1.05x) and behind
+# in the shortest calls, where its weights' preparation costs more than the
+# steps: up to four steps with gradients ours 0.97-4.65x (1.02x or more but
+# at H = 256 B = 16), up to 16 at H = 1024 B <= 4 1.23-4.13x; up to two
+# without, 1.11-1.43x below H = 256 where B * H <= 1024 and 1.15-7.4x at
+# B = 1 (0.68-1.03x at H 256-1024 from B = 4). Elsewhere nn.LSTM runs ATen's
+# steps, as ours, and ours is ahead in training: with a projection 1.4-4.0x
+# (H 64-1024), in 16 bits (no oneDNN on this CPU) 3.0-7.7x (H 64-1024; ours
+# in float32 inside), on packed input 1.16-3.2x (H 64-1024); forwards there
+# ours 1.0-1.64x below H = 512, 0.59-0.91x from it. Elman and GRU: ours at
 # least even (0.98-1.9x forward, 1.3-8.3x training at H 16-1024).
-_CPU_OURS_MAX_STEPS = 2
+_CPU_OURS_MAX_STEPS = 2  # forwards on oneDNN's side
 _CPU_SMALL_HIDDEN = 256
 _CPU_SMALL_BATCH_HIDDEN = 1024
-_CPU_PROJ_TORCH_MIN_HIDDEN = 512
+_CPU_OURS_MAX_TRAINING_STEPS = 4
+_CPU_LARGE_HIDDEN = 1024  # and training calls of up to 16 steps at B <= 4 from this H
+_CPU_ATEN_TORCH_MIN_HIDDEN = 512  # forwards where nn runs ATen's steps
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
@@ -193,23 +199,29 @@ def _cluster_family_runs(index: int) -> bool:
     return knob in ("", "0") and torch.cuda.is_available() and torch.cuda.get_device_capability(index) >= (9, 0)
 
 
-def cpu_torch_runs(cell: str, batch: int, hidden: int, proj_size: int, training: bool, steps: int | None) -> bool:
+def cpu_torch_runs(cell: str, dtype: torch.dtype, batch: int, hidden: int, proj_size: int, training: bool,
+                   steps: int | None, packed: bool = False) -> bool:
     """torch_runs' rule on the CPU (float32 or 16 bits, no autocast): nn.LSTM
     where it is faster (the limits above; a call of unknown steps counts as a
     long one)."""
     if cell != "lstm":
         return False
-    if proj_size > 0:
-        return not training and hidden >= _CPU_PROJ_TORCH_MIN_HIDDEN
-    if steps is None or steps > _CPU_OURS_MAX_STEPS:
+    if proj_size > 0 or dtype != torch.float32 or (packed and training):
+        return not training and hidden >= _CPU_ATEN_TORCH_MIN_HIDDEN
+    if steps is None:
+        return True
+    if training:
+        return not (steps <= _CPU_OURS_MAX_TRAINING_STEPS
+                    or steps <= 16 and hidden >= _CPU_LARGE_HIDDEN and batch <= 4)
+    if steps > _CPU_OURS_MAX_STEPS:
         return True
     small = hidden < _CPU_SMALL_HIDDEN and batch * hidden <= _CPU_SMALL_BATCH_HIDDEN
-    return not (training or batch == 1 or small)
+    return not (batch == 1 or small)
 
 
 def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
                     proj_size: int = 0, training: bool = False, device_index: int | None = None,
-                    steps: int | None = None, layers_op: bool = False) -> bool:
+                    steps: int | None = None, layers_op: bool = False, packed: bool = False) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
     device, batch and hidden size runs on torch's own recurrence: where that
     is faster, and on the CPU under autocast; training: the call's backward
@@ -222,7 +234,8 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
     (the modules' short path), where one timestep a call without gradients
     at B <= 16 takes the few-steps kernel and stays ours where measured (the
     gated cells 1.9-2.0x nn's at H = 640-1024 in float32 and bfloat16, not
-    timed in float16; Elman to H = 2048)."""
+    timed in float16; Elman to H = 2048). packed: PackedSequence input (on
+    the CPU nn's packed LSTM runs ATen's steps)."""
     if not enabled:
         return False
     if device_type == "meta":
@@ -246,7 +259,7 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         # input or with proj_size): torch runs them, so the results are nn's.
         if torch.is_autocast_enabled("cpu"):
             return True
-        return cpu_torch_runs(cell, batch, hidden, proj_size, training, steps)
+        return cpu_torch_runs(cell, dtype, batch, hidden, proj_size, training, steps, packed)
     if device_type != "cuda" or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
     autocast = torch.is_autocast_enabled("cuda")

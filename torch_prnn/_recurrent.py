@@ -352,6 +352,7 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
         if _crossover.torch_runs(
             _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
             training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index, steps=steps,
+            packed=packed,
         ):
             # packed: on the packed data, as nn runs it
             if packed:
