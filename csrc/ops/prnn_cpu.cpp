@@ -126,8 +126,9 @@ std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::
   const int64_t T = xp.size(0);
   at::Tensor y = at::empty({T, xp.size(1), xp.size(2)}, xp.options());
   const at::Tensor w_hh_t = w_hh.t();
+  const Finished finished(lengths, T, xp.size(1));
   const auto [h_n, c_n] = run_forward(
-      y, at::Tensor(), h0, at::Tensor(), Finished(lengths, T, xp.size(1)),
+      y, at::Tensor(), h0, at::Tensor(), finished,
       [&](int64_t t, int64_t n, const at::Tensor& h, const at::Tensor&) {
         at::Tensor y_t = lead(y[t], n);
         at::addmm_out(y_t, lead(xp[t], n), h, w_hh_t);
@@ -135,7 +136,8 @@ std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::
         activation == PRNN_ACT_TANH ? y_t.tanh_() : y_t.relu_();
         return at::Tensor();
       });
-  return {y, h_n.clone(at::MemoryFormat::Contiguous)};
+  // By rows h_n is a tensor of its own already; otherwise a view of y or h0.
+  return {y, finished.by_rows() ? h_n : h_n.clone(at::MemoryFormat::Contiguous)};
 }
 
 at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
