@@ -49,6 +49,18 @@ class Finished {
   bool by_rows() const { return sorted_; }
   // The rows a step computes: those of live sequences (by_rows) or every row.
   int64_t rows(int64_t t) const { return live_[t]; }
+  // By rows: zeros into t [steps, batch, N] past each step's live rows, one
+  // ATen call a run of steps with the same live rows rather than one a step.
+  void zero_finished(const at::Tensor& t) const {
+    const int64_t steps = (int64_t)live_.size() - 1, batch = t.size(1);
+    int64_t t0 = 0;
+    while (t0 < steps) {
+      int64_t t1 = t0 + 1;
+      while (t1 < steps && live_[t1] == live_[t0]) ++t1;
+      if (live_[t0] < batch) t.narrow(0, t0, t1 - t0).narrow(1, live_[t0], batch - live_[t0]).zero_();
+      t0 = t1;
+    }
+  }
   // batch x 1, true where a sequence has finished by step t; undefined when
   // none has or when the steps run by rows.
   at::Tensor at_step(int64_t t) const {
@@ -85,12 +97,10 @@ std::pair<at::Tensor, at::Tensor> run_forward(const at::Tensor& y, const at::Ten
     // without steps keeps h0's (and c0's).
     at::Tensor h_n = h0.clone(at::MemoryFormat::Contiguous);
     at::Tensor c_n = c0.defined() ? c0.clone(at::MemoryFormat::Contiguous) : at::Tensor();
+    finished.zero_finished(y);
+    if (saved.numel() > 0) finished.zero_finished(saved);
     for (int64_t t = 0; t < T; ++t) {
       const int64_t n = finished.rows(t), next = finished.rows(t + 1);
-      if (n < B) {
-        y[t].narrow(0, n, B - n).zero_();
-        if (saved.numel() > 0) saved[t].narrow(0, n, B - n).zero_();
-      }
       if (n == 0) continue;
       c = step(t, n, lead(h, n), c.defined() ? lead(c, n) : c);
       h = lead(y[t], n);
@@ -124,14 +134,15 @@ std::tuple<at::Tensor, at::Tensor> forward_aten(const at::Tensor& xp, const at::
                                                 const std::optional<at::Tensor>& lengths,
                                                 prnn_activation_t activation) {
   const int64_t T = xp.size(0);
-  at::Tensor y = at::empty({T, xp.size(1), xp.size(2)}, xp.options());
+  // y starts as xp, one copy for every step; each step adds W_hh h in place.
+  at::Tensor y = xp.clone(at::MemoryFormat::Contiguous);
   const at::Tensor w_hh_t = w_hh.t();
   const Finished finished(lengths, T, xp.size(1));
   const auto [h_n, c_n] = run_forward(
       y, at::Tensor(), h0, at::Tensor(), finished,
       [&](int64_t t, int64_t n, const at::Tensor& h, const at::Tensor&) {
         at::Tensor y_t = lead(y[t], n);
-        at::addmm_out(y_t, lead(xp[t], n), h, w_hh_t);
+        y_t.addmm_(h, w_hh_t);
         // relu_ keeps NaN, as the reference's relu
         activation == PRNN_ACT_TANH ? y_t.tanh_() : y_t.relu_();
         return at::Tensor();
@@ -144,20 +155,18 @@ at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
                               const at::Tensor& w_hh, const std::optional<at::Tensor>& lengths,
                               prnn_activation_t activation) {
   const int64_t T = y.size(0), B = y.size(1);
-  at::Tensor grad_xp = at::empty(y.sizes(), y.options());
   // A finished sequence's grad_y is left out; its delta is then zero, as the
-  // reference's (its y is zero and so is the delta after it).
+  // reference's (its y is zero and so is the delta after it). grad_xp starts
+  // as that grad_y, one copy for every step; each step adds delta_{t+1} W_hh.
   const Finished finished(lengths, T, B);
-  const at::Tensor grad = finished.zeroed(grad_y);
+  at::Tensor grad_xp = finished.zeroed(grad_y).clone(at::MemoryFormat::Contiguous);
+  finished.zero_finished(grad_xp);
   for (int64_t t = T - 1; t >= 0; --t) {
     const int64_t n = finished.rows(t);
-    if (n < B) grad_xp[t].narrow(0, n, B - n).zero_();
     if (n == 0) continue;
     at::Tensor delta = lead(grad_xp[t], n);  // dLoss/d(xp_t + W_hh h_{t-1}) = act'(y_t) dLoss/dh_t
-    if (t == T - 1)
-      delta.copy_(lead(grad[t], n));
-    else  // dLoss/dh_t = grad_y_t + delta_{t+1} W_hh
-      at::addmm_out(delta, lead(grad[t], n), lead(grad_xp[t + 1], n), w_hh);
+    if (t < T - 1)  // dLoss/dh_t = grad_y_t + delta_{t+1} W_hh
+      delta.addmm_(lead(grad_xp[t + 1], n), w_hh);
     if (activation == PRNN_ACT_TANH)
       at::tanh_backward_out(delta, delta, lead(y[t], n));
     else
