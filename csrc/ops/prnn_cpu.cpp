@@ -28,13 +28,14 @@ namespace {
 // freeze the finished rows by masks.
 class Finished {
  public:
-  Finished(const std::optional<at::Tensor>& lengths, int64_t steps, int64_t batch) : live_(steps + 1, batch) {
+  Finished(const std::optional<at::Tensor>& lengths, int64_t steps, int64_t batch) : batch_(batch) {
     if (!lengths.has_value() || batch == 0) return;
     const at::Tensor l = lengths->contiguous();
     const int64_t* length = l.const_data_ptr<int64_t>();
-    sorted_ = true;
-    for (int64_t b = 1; b < batch && sorted_; ++b) sorted_ = length[b] <= length[b - 1];
-    if (sorted_) {
+    bool sorted = true;
+    for (int64_t b = 1; b < batch && sorted; ++b) sorted = length[b] <= length[b - 1];
+    if (sorted) {
+      live_.resize(steps + 1);
       for (int64_t t = 0; t <= steps; ++t) {
         int64_t n = 0;
         while (n < batch && length[n] > t) ++n;
@@ -46,13 +47,13 @@ class Finished {
     first_ = l.min().item<int64_t>();
   }
   // True where the live sequences of every step are leading rows.
-  bool by_rows() const { return sorted_; }
+  bool by_rows() const { return !live_.empty(); }
   // The rows a step computes: those of live sequences (by_rows) or every row.
-  int64_t rows(int64_t t) const { return live_[t]; }
+  int64_t rows(int64_t t) const { return by_rows() ? live_[t] : batch_; }
   // By rows: zeros into t [steps, batch, N] past each step's live rows, one
   // ATen call a run of steps with the same live rows rather than one a step.
   void zero_finished(const at::Tensor& t) const {
-    const int64_t steps = (int64_t)live_.size() - 1, batch = t.size(1);
+    const int64_t steps = (int64_t)live_.size() - 1, batch = t.size(1);  // none but by rows
     int64_t t0 = 0;
     while (t0 < steps) {
       int64_t t1 = t0 + 1;
@@ -72,8 +73,8 @@ class Finished {
   }
 
  private:
-  std::vector<int64_t> live_;  // rows(t) for t = 0..steps
-  bool sorted_ = false;
+  int64_t batch_;
+  std::vector<int64_t> live_;  // by rows: rows(t) for t = 0..steps; else empty
   at::Tensor mask_;
   int64_t first_ = 0;
 };
