@@ -293,6 +293,9 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
 
     # ---- hx as the caller passes it, and the states inside
 
+    def _check_mode(self) -> None:
+        """A cell's check that mode is one of its own (nn.RNN's forward has one)."""
+
     def _unpack_hx(self, hx: Tensor) -> list[Tensor]:
         """hx -> its states, each [layers * directions, batch, size]."""
         return [hx]
@@ -346,6 +349,7 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
                 states = [state.index_select(1, sorted_indices) for state in states]
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+        self._check_mode()  # before either recurrence runs
 
         # Where torch's own recurrence is faster (large batches), nn's call runs.
         weights = self._forward_weights()
@@ -456,6 +460,7 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
                 states = [state.index_select(1, sorted_indices) for state in states]
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+        self._check_mode()
         flip = _time_indices(lengths, num_directions, steps, x.device)
         finals: list[list[Tensor]] = []  # the final states of each layer and direction
         layer_input = x
