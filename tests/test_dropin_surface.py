@@ -342,7 +342,7 @@ def test_gated_script_packed_matches_eager(device, enforce_sorted, cell, kwargs)
         assert_same(got, values_and_grads(model, packed, h, rnn.parameters()))
 
 
-# Calls forward refuses: (name, cell, packed input, make (input, hx)).
+# Calls forward refuses: (name, cell, packed input, make (input, hx)); the Elman cell scripts by the same methods.
 BAD_CALLS = [
     ("4-D input", "lstm", False, lambda: (torch.randn(2, 5, 3, 4), None)),
     ("hx rank", "lstm", False, lambda: (torch.randn(5, 3, 4), (torch.randn(1, 3, 7), torch.randn(3, 7)))),
@@ -355,12 +355,15 @@ BAD_CALLS = [
     ("packed hx batch", "lstm", True,
      lambda: (pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([3, 5, 1]), enforce_sorted=False),
               (torch.randn(1, 2, 7), torch.randn(1, 2, 7)))),
+    # hx's shape before batch_sizes' values, as eager (and nn) check them
+    ("packed hx batch, malformed packing", "rnn", True,
+     lambda: (PackedSequence(torch.randn(3, 4), torch.tensor([1, 2])), torch.randn(1, 5, 7))),
 ]
 
 
 @script_tests
 @pytest.mark.parametrize("name,cell,packed,make", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
-def test_gated_script_refuses_as_eager(name, cell, packed, make):
+def test_script_refuses_as_eager(name, cell, packed, make):
     """The scripted forward refuses what eager refuses, with its error type
     and message."""
     _, model, scripted = script(cell, packed=packed, dtype=torch.float32)

@@ -424,7 +424,8 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
                 states = [state.unsqueeze(1) for state in states]
         self._check_input(input, expected_dim=3)
         x = input.transpose(0, 1) if self.batch_first else input
-        output, finals = self._script_layers(x, states, None, None, None)
+        states = self._script_states(x, states, x.shape[0], x.shape[1], None)
+        output, finals = self._script_layers(x, states, None, None)
         if self.batch_first:
             output = output.transpose(0, 1)
         if not is_batched:
@@ -435,21 +436,22 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
     def _script_packed(self, input: PackedSequence, states: list[Tensor] | None):
         data, batch_sizes, sorted_indices, unsorted_indices = input
         self._check_input(data, expected_dim=2)
-        x, lengths, rows = pad_packed(data, batch_sizes, sorted_indices, None if states is None else states[0])
-        output, finals = self._script_layers(x, states, lengths, rows, sorted_indices)
+        check_batch_sizes_type(batch_sizes)
+        batch = packed_batch(batch_sizes, data.shape[0], sorted_indices, None if states is None else states[0])
+        states = self._script_states(data, states, batch_sizes.numel(), batch, sorted_indices)
+        x, lengths, rows = _pad(data, batch_sizes, batch)  # batch_sizes' values checked here, as forward's order
+        output, finals = self._script_layers(x, states, lengths, rows)
         output = output.flatten(0, 1).index_select(0, rows)
         if unsorted_indices is not None:
             finals = [state.index_select(1, unsorted_indices) for state in finals]
         return PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices), self._pack_hx(finals)
 
-    def _script_layers(
-        self, x: Tensor, states: list[Tensor] | None, lengths: Tensor | None, rows: Tensor | None,
-        sorted_indices: Tensor | None
-    ) -> tuple[Tensor, list[Tensor]]:
-        """x [T,B,I] time-major and hx's states (batched, in the caller's
-        order) -> (output [T,B,D*S], the final states); packed input's
-        lengths and rows as _pad gives them."""
-        steps, batch = x.shape[0], x.shape[1]
+    def _script_states(
+        self, x: Tensor, states: list[Tensor] | None, steps: int, batch: int, sorted_indices: Tensor | None
+    ) -> list[Tensor]:
+        """hx's states (batched, in the caller's order), checked and sorted as
+        forward does, or zeros like x; then forward's checks of the steps and
+        the mode."""
         num_directions = 2 if self.bidirectional else 1
         expected = [(self.num_layers * num_directions, batch, size) for size in self._state_sizes]
         if states is None:
@@ -461,7 +463,16 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
         if steps == 0:
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         self._check_mode()
-        flip = _time_indices(lengths, num_directions, steps, x.device)
+        return states
+
+    def _script_layers(
+        self, x: Tensor, states: list[Tensor], lengths: Tensor | None, rows: Tensor | None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """x [T,B,I] time-major and the states as _script_states gives them
+        -> (output [T,B,D*S], the final states); packed input's lengths and
+        rows as _pad gives them."""
+        num_directions = 2 if self.bidirectional else 1
+        flip = _time_indices(lengths, num_directions, x.shape[0], x.device)
         finals: list[list[Tensor]] = []  # the final states of each layer and direction
         layer_input = x
         for layer in range(self.num_layers):
@@ -681,14 +692,6 @@ def packed_batch(batch_sizes: Tensor, rows: int, sorted_indices: Tensor | None, 
             f"{sorted_indices.shape[0]} entries"
         )
     return batch
-
-
-def pad_packed(data: Tensor, batch_sizes: Tensor, sorted_indices: Tensor | None,
-               hx: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """A PackedSequence's rows padded (_pad), its batch read as packed_batch
-    reads it (hx: the first state as the caller gave it, or None)."""
-    check_batch_sizes_type(batch_sizes)
-    return _pad(data, batch_sizes, packed_batch(batch_sizes, data.shape[0], sorted_indices, hx))
 
 
 def _pad(data: Tensor, batch_sizes: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
