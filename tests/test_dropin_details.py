@@ -10,6 +10,7 @@ import copy
 import io
 import pickle
 import re
+import warnings
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import torch_prnn
-from conftest import rel_err
+from conftest import devices, rel_err
 from gated_cells import check_parity
 
 # nn.LSTM on the CPU says so whenever it runs a projection.
@@ -756,3 +757,25 @@ def test_nn_helper_methods(cell):
     for a, b in zip(states(ours.permute_hidden(good, order)), states(theirs.permute_hidden(good, order))):
         assert torch.equal(a, b)
     assert ours.permute_hidden(good, None) is good
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("cell", CELLS)
+def test_conversion_leaves_random_state_and_warns_once(cell, device):
+    """from_rnn / from_lstm / from_gru copy a module: they draw nothing from
+    the caller's generators (a seeded script's next dropout mask or shuffle
+    is the one it would be with nn's module), and the options' warning is
+    nn's, at the module's construction, not repeated by the conversion."""
+    ours_cls, nn_cls = CELLS[cell]
+    with pytest.warns(UserWarning, match="dropout option adds dropout"):
+        theirs = nn_cls(4, 7, dropout=0.5, bidirectional=True, device=device)
+    torch.manual_seed(1234)
+    expected = (torch.rand(3), torch.rand(3, device=device))
+    torch.manual_seed(1234)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = getattr(ours_cls, f"from_{cell}")(theirs)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert torch.equal(torch.rand(3, device=device), expected[1])
+    for name, weight in theirs.named_parameters():
+        assert torch.equal(getattr(ours, name), weight), name

@@ -225,18 +225,25 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
                 f"{method} expects a torch.nn.{nn_class.__name__}, got {type(module).__name__}"
             )
         weight = module.weight_ih_l0
-        converted = cls(
-            module.input_size,
-            module.hidden_size,
-            num_layers=module.num_layers,
-            bias=module.bias,
-            batch_first=module.batch_first,
-            dropout=module.dropout,
-            bidirectional=module.bidirectional,
-            device=weight.device,
-            dtype=weight.dtype,
-            **{option: getattr(module, option) for option in cell_options},
-        )
+        # The constructor's initialisation draws from a forked generator: converting leaves the
+        # caller's random state (its next dropout mask, shuffle, init) as it was. Its options warned
+        # at module's own construction: not again here.
+        on_device = weight.device.type not in ("cpu", "meta")
+        devices, device_type = ([weight.device], weight.device.type) if on_device else ([], None)
+        with torch.random.fork_rng(devices, device_type=device_type), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "dropout option adds dropout after all but last recurrent layer")
+            converted = cls(
+                module.input_size,
+                module.hidden_size,
+                num_layers=module.num_layers,
+                bias=module.bias,
+                batch_first=module.batch_first,
+                dropout=module.dropout,
+                bidirectional=module.bidirectional,
+                device=weight.device,
+                dtype=weight.dtype,
+                **{option: getattr(module, option) for option in cell_options},
+            )
         converted.load_state_dict(module.state_dict())
         copy_requires_grad(module, converted)
         return converted.train(module.training)
