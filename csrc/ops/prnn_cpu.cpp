@@ -50,10 +50,15 @@ class Finished {
   bool by_rows() const { return !live_.empty(); }
   // The rows a step computes: those of live sequences (by_rows) or every row.
   int64_t rows(int64_t t) const { return by_rows() ? live_[t] : batch_; }
-  // By rows: zeros into t [steps, batch, N] past each step's live rows, one
-  // ATen call a run of steps with the same live rows rather than one a step.
+  // Zeros into the rows of finished sequences of t [steps, batch, N], in
+  // place; by rows one ATen call a run of steps with the same live rows
+  // rather than one a step.
   void zero_finished(const at::Tensor& t) const {
-    const int64_t steps = (int64_t)live_.size() - 1, batch = t.size(1);  // none but by rows
+    if (!by_rows()) {
+      if (mask_.defined()) t.masked_fill_(mask_.unsqueeze(2), 0);
+      return;
+    }
+    const int64_t steps = (int64_t)live_.size() - 1, batch = t.size(1);
     int64_t t0 = 0;
     while (t0 < steps) {
       int64_t t1 = t0 + 1;
@@ -160,7 +165,7 @@ at::Tensor backward_data_aten(const at::Tensor& grad_y, const at::Tensor& y,
   // reference's (its y is zero and so is the delta after it). grad_xp starts
   // as that grad_y, one copy for every step; each step adds delta_{t+1} W_hh.
   const Finished finished(lengths, T, B);
-  at::Tensor grad_xp = finished.zeroed(grad_y).clone(at::MemoryFormat::Contiguous);
+  at::Tensor grad_xp = grad_y.clone(at::MemoryFormat::Contiguous);
   finished.zero_finished(grad_xp);
   for (int64_t t = T - 1; t >= 0; --t) {
     const int64_t n = finished.rows(t);
