@@ -228,8 +228,9 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
         # The constructor's initialisation draws from a forked generator: converting leaves the
         # caller's random state (its next dropout mask, shuffle, init) as it was. Its options warned
         # at module's own construction: not again here.
+        # (device_type named even with no device to fork: torch 2.11's fork_rng refuses None.)
         on_device = weight.device.type not in ("cpu", "meta")
-        devices, device_type = ([weight.device], weight.device.type) if on_device else ([], None)
+        devices, device_type = ([weight.device], weight.device.type) if on_device else ([], "cpu")
         with torch.random.fork_rng(devices, device_type=device_type), warnings.catch_warnings():
             warnings.filterwarnings("ignore", "dropout option adds dropout after all but last recurrent layer")
             converted = cls(
@@ -363,7 +364,7 @@ class PersistentRNNBase(FlatWeights, NNHelpers, nn.Module):
         if _crossover.torch_runs(
             _crossover.CELL_OF_MODE[self.mode], x.dtype, x.device.type, batch, self.hidden_size, self.proj_size,
             training=_crossover.needs_grad(weights, x, *states), device_index=x.device.index, steps=steps,
-            packed=packed,
+            packed=packed, input_size=self.input_size, layers=self.num_layers, bidirectional=self.bidirectional,
         ):
             # packed: on the packed data, as nn runs it
             if packed:
