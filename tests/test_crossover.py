@@ -35,7 +35,8 @@ def test_cuda_limits_are_a_batch_threshold(cell, dtype, training):
     assert _crossover.torch_runs(cell, dtype, "cuda", 4096, 2048, training=training)
 
 
-def test_limits_follow_the_measurements():
+def test_limits_follow_the_measurements(monkeypatch):
+    monkeypatch.setattr(_crossover, "_cudnn_persistent_device", lambda index: True)  # as on an H200
     faster = _crossover.torch_runs
     assert not faster("lstm", torch.bfloat16, "cuda", 8, 256)
     assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
@@ -132,9 +133,12 @@ def test_gated_limits_follow_the_cluster_family(monkeypatch, clusters):
     """The 16-bit gated cells' limits where the cluster family runs (sm_90
     and later), forward and training, the persistent family's elsewhere."""
     monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: clusters)
+    monkeypatch.setattr(_crossover, "_cudnn_persistent_device", lambda index: True)
     faster = _crossover.torch_runs
     assert faster("lstm", torch.float16, "cuda", 8, 256) != clusters  # cuDNN's persistent kernel, or ours
-    assert faster("lstm", torch.float16, "cuda", 8, 1024)
+    assert faster("lstm", torch.float16, "cuda", 8, 1024) != clusters  # forwards: ours on clusters
+    assert faster("lstm", torch.float16, "cuda", 8, 1024, training=True)
+    assert faster("lstm", torch.float16, "cuda", 16, 1024)
     assert faster("gru", torch.bfloat16, "cuda", 56, 512) != clusters
     assert faster("gru", torch.bfloat16, "cuda", 64, 512)
     assert faster("lstm", torch.bfloat16, "cuda", 56, 512) != clusters
@@ -142,6 +146,34 @@ def test_gated_limits_follow_the_cluster_family(monkeypatch, clusters):
     assert faster("gru", torch.bfloat16, "cuda", 56, 512, training=True) != clusters
     assert faster("lstm", torch.bfloat16, "cuda", 64, 512, training=True)  # more clusters than the GPU holds
     assert not faster("lstm", torch.float32, "cuda", 64, 256)  # float32 has no cluster family
+
+
+@pytest.mark.parametrize("device_allows", [True, False])
+def test_float16_lstm_goes_to_cudnn_only_for_its_persistent_kernel(monkeypatch, device_allows):
+    """cuDNN's float16 LSTM is its persistent kernel only where ATen's
+    get_algo picks it (padded input, one layer and direction, sizes multiples
+    of 128, hidden <= 1024, a batch a multiple of 8 up to 128, a device it
+    allows); elsewhere it is the per-step algorithm, which ours beats as in
+    bfloat16, and bfloat16's limits decide."""
+    monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: True)
+    monkeypatch.setattr(_crossover, "_cudnn_persistent_device", lambda index: device_allows)
+    faster = _crossover.torch_runs
+    assert not faster("lstm", torch.float16, "cuda", 8, 1024)  # ours ahead of cuDNN's persistent forward
+    assert faster("lstm", torch.float16, "cuda", 8, 1024, training=True) is device_allows
+    for training in (False, True):
+        assert faster("lstm", torch.float16, "cuda", 16, 768, training=training) is device_allows
+        assert faster("lstm", torch.float16, "cuda", 64, 256, training=training) is device_allows
+        assert not faster("lstm", torch.float16, "cuda", 8, 512, training=training)  # ours to 56 there
+        for batch in (5, 6, 7, 9, 12, 15):  # not a multiple of 8: ours as bfloat16 to 16 at H = 1024
+            assert not faster("lstm", torch.float16, "cuda", batch, 1024, training=training)
+        assert faster("lstm", torch.float16, "cuda", 17, 1024, training=training)
+        assert faster("lstm", torch.float16, "cuda", 24, 1024, training=training)
+        for other in ({"layers": 2}, {"bidirectional": True}, {"packed": True}, {"input_size": 100}):
+            assert not faster("lstm", torch.float16, "cuda", 16, 1024, training=training, **other), other
+        assert not faster("lstm", torch.float16, "cuda", 16, 1000, training=training)
+        assert faster("lstm", torch.float16, "cuda", 16, 1024, input_size=256, training=training) is device_allows
+        assert faster("lstm", torch.float16, "cuda", 136, 256, training=training)  # past 128: bfloat16's 64
+        assert not faster("gru", torch.float16, "cuda", 8, 1024, training=training)  # no persistent GRU
 
 
 @pytest.mark.parametrize("cell", sorted(CELLS))
@@ -154,17 +186,18 @@ def test_every_module_path_gives_the_hand_over_its_steps(cell, form, monkeypatch
     real = _crossover.torch_runs
 
     def spy(*args, **kwargs):
-        seen.append((kwargs.get("steps"), kwargs.get("layers_op", False)))
+        seen.append((kwargs.get("steps"), kwargs.get("layers_op", False), kwargs.get("packed", False),
+                     kwargs.get("input_size"), kwargs.get("layers"), kwargs.get("bidirectional")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_crossover, "torch_runs", spy)
     cls = CELLS[cell][0]
-    module = cls(3, 5, batch_first=form == "batch_first", bidirectional=form == "bidirectional")
+    module = cls(3, 5, num_layers=2, batch_first=form == "batch_first", bidirectional=form == "bidirectional")
     x = torch.randn(4, 7, 3) if form == "batch_first" else torch.randn(7, 4, 3)
     if form == "packed":
         x = pack_padded_sequence(x, torch.tensor([7, 6, 6, 2]))
     module(x)
-    assert seen == [(7, form in ("tensor", "batch_first"))]
+    assert seen == [(7, form in ("tensor", "batch_first"), form == "packed", 3, 2, form == "bidirectional")]
 
 
 def test_plan_says_what_a_module_runs():

@@ -58,7 +58,10 @@ _CUDA_LIMITS = {
     ("lstm", "float32", True): ((384, 64), (768, 32), (1024, 8)),
     ("lstm", "bfloat16", False): ((384, 64), (768, 32), (1024, 16)),
     ("lstm", "bfloat16", True): ((384, 64), (768, 32), (1024, 16)),
-    # float16 LSTM from B = 8: cuDNN's persistent kernel (0.3-0.6x at every H).
+    # float16 LSTM where cuDNN runs its persistent kernel (cudnn_persistent_lstm):
+    # from B = 8 (0.3-0.6x at every H). Elsewhere cuDNN's float16 LSTM is its
+    # per-step algorithm, as in bfloat16, and bfloat16's limits apply (B = 5,
+    # 6, 12 at H 768-1024, T 64-256: ours 3.0-7.2x, NVIDIA H100, step 92).
     ("lstm", "float16", False): ((1024, 4),),
     ("lstm", "float16", True): ((1024, 4),),
     # GRU: as the LSTM (B = 64 H = 512: 0.75-0.99x; B = 32 H = 1024: 0.61-0.81x).
@@ -98,6 +101,10 @@ _CLUSTER_LIMITS = {
     ("lstm", "float16"): ((512, 56), (1024, 4)),
     ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
 }
+# float16 LSTM forwards where cuDNN runs its persistent kernel, at H 513-1024
+# (NVIDIA H100, T 64-256, bench/NOTES.md step 92): ours 1.08-1.42x at B = 8,
+# 0.82-0.88x at B = 16; training at B = 8 0.92-1.24x, so it keeps the limit above.
+_CLUSTER_FLOAT16_LSTM_FORWARD_LIMITS = ((512, 56), (1024, 8))
 
 # On the CPU (two threads, eager, bench/results/sweep_cpu.handover.json,
 # bench/NOTES.md step 90) nn.LSTM in float32 without a projection on padded
@@ -192,6 +199,29 @@ def _dtype_class(cell: str, dtype: torch.dtype) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _cudnn_persistent_device(index: int) -> bool:
+    """Whether ATen lets cuDNN's persistent RNN kernel run on CUDA device
+    `index` (aten/src/ATen/native/cudnn/RNN.cpp, use_persist_device_heuristics:
+    compute capability 8.0 or later but x.6, at least 98 SMs)."""
+    if not torch.cuda.is_available():
+        return False
+    props = torch.cuda.get_device_properties(index)
+    return props.major >= 8 and props.minor != 6 and props.multi_processor_count >= 98
+
+
+def cudnn_persistent_lstm(batch: int, hidden: int, input_size: int | None, layers: int, bidirectional: bool,
+                          packed: bool, device_index: int) -> bool:
+    """Whether nn.LSTM's float16 call runs cuDNN's persistent kernel, as
+    ATen's get_algo chooses it (RNN.cpp: padded input, one layer, one
+    direction, hidden and input sizes multiples of 128 with hidden <= 1024,
+    a batch a multiple of 8 up to 128, on a device it allows). Elsewhere
+    cuDNN runs its per-step algorithm. input_size None: as hidden."""
+    input_size = hidden if input_size is None else input_size
+    return (not packed and layers == 1 and not bidirectional and hidden <= 1024 and hidden % 128 == 0
+            and input_size % 128 == 0 and batch % 8 == 0 and batch <= 128 and _cudnn_persistent_device(device_index))
+
+
+@functools.lru_cache(maxsize=None)
 def _cluster_family_runs(index: int) -> bool:
     """Whether the gated cluster family can run on CUDA device `index` (as
     the C planner decides it, PRNN_DISABLE_CLUSTER_TIER read once)."""
@@ -221,7 +251,8 @@ def cpu_torch_runs(cell: str, dtype: torch.dtype, batch: int, hidden: int, proj_
 
 def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidden: int,
                     proj_size: int = 0, training: bool = False, device_index: int | None = None,
-                    steps: int | None = None, layers_op: bool = False, packed: bool = False) -> bool:
+                    steps: int | None = None, layers_op: bool = False, packed: bool = False,
+                    input_size: int | None = None, layers: int = 1, bidirectional: bool = False) -> bool:
     """Whether a module call of this cell ("rnn", "lstm", "gru"), dtype,
     device, batch and hidden size runs on torch's own recurrence: where that
     is faster, and on the CPU under autocast; training: the call's backward
@@ -235,7 +266,9 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
     at B <= 16 takes the few-steps kernel and stays ours where measured (the
     gated cells 1.9-2.0x nn's at H = 640-1024 in float32 and bfloat16, not
     timed in float16; Elman to H = 2048). packed: PackedSequence input (on
-    the CPU nn's packed LSTM runs ATen's steps)."""
+    the CPU nn's packed LSTM runs ATen's steps). input_size, layers,
+    bidirectional: the module's (a float16 LSTM's cuDNN algorithm depends on
+    them; input_size None: as hidden)."""
     if not enabled:
         return False
     if device_type == "meta":
@@ -278,11 +311,16 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         for max_hidden, max_batch, min_steps in _SHORT_CALL_LIMITS.get((cell, _dtype_class(cell, dtype), training), ()):
             if hidden <= max_hidden and batch > max_batch and steps < min_steps:
                 return True
+    index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
+    if cell == "lstm" and dtype == torch.float16 and not cudnn_persistent_lstm(
+            batch, hidden, input_size, layers, bidirectional, packed, index):
+        dtype = torch.bfloat16  # cuDNN's per-step algorithm, as in bfloat16
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     if cell != "rnn" and dtype != torch.float32:
-        index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
         if _cluster_family_runs(index):
             limits = _CLUSTER_LIMITS[(cell, _dtype_class(cell, dtype))]
+            if cell == "lstm" and dtype == torch.float16 and not training:
+                limits = _CLUSTER_FLOAT16_LSTM_FORWARD_LIMITS
     for max_hidden, max_batch in limits:
         if hidden <= max_hidden:
             return batch > max_batch

@@ -84,7 +84,9 @@ def forward(module, input: Tensor, states: list | None, sizes: tuple[int, ...]):
     training = _crossover.needs_grad(weights, x, h, c)
     on_torch = _crossover.torch_runs(_crossover.CELL_OF_MODE[module.mode], x.dtype, x.device.type, batch,
                                           module.hidden_size, module.proj_size, training=training,
-                                          device_index=x.device.index, steps=steps, layers_op=True)
+                                          device_index=x.device.index, steps=steps, layers_op=True,
+                                          input_size=module.input_size, layers=layers,
+                                          bidirectional=module.bidirectional)
     if not on_torch and batch_first:  # time first for our op, before the zeros as in the regular path
         x = x.transpose(0, 1)
     if h is None:

@@ -431,6 +431,6 @@ def plan(
         "fused_input_projection": bool(fused),
         "module": "torch" if _crossover.torch_runs(
             cell, dtype, torch.device(device).type, batch, hidden_size, proj_size, training=backward,
-            device_index=torch.device(device).index, steps=steps, packed=lengths,
+            device_index=torch.device(device).index, steps=steps, packed=lengths, input_size=input_size or None,
         ) else "prnn",
     }
