@@ -198,6 +198,13 @@ def _dtype_class(cell: str, dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
 
+def _index_of(device_index: int | None) -> int:
+    """A CUDA device's index, the current device's for None."""
+    if device_index is not None:
+        return device_index
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
 @functools.lru_cache(maxsize=None)
 def _cudnn_persistent_device(index: int) -> bool:
     """Whether ATen lets cuDNN's persistent RNN kernel run on CUDA device
@@ -311,13 +318,12 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         for max_hidden, max_batch, min_steps in _SHORT_CALL_LIMITS.get((cell, _dtype_class(cell, dtype), training), ()):
             if hidden <= max_hidden and batch > max_batch and steps < min_steps:
                 return True
-    index = device_index if device_index is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
     if cell == "lstm" and dtype == torch.float16 and not cudnn_persistent_lstm(
-            batch, hidden, input_size, layers, bidirectional, packed, index):
+            batch, hidden, input_size, layers, bidirectional, packed, _index_of(device_index)):
         dtype = torch.bfloat16  # cuDNN's per-step algorithm, as in bfloat16
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     if cell != "rnn" and dtype != torch.float32:
-        if _cluster_family_runs(index):
+        if _cluster_family_runs(_index_of(device_index)):
             limits = _CLUSTER_LIMITS[(cell, _dtype_class(cell, dtype))]
             if cell == "lstm" and dtype == torch.float16 and not training:
                 limits = _CLUSTER_FLOAT16_LSTM_FORWARD_LIMITS
