@@ -119,14 +119,20 @@ _CLUSTER_FLOAT16_LSTM_FORWARD_LIMITS = ((512, 56), (1024, 8))
 # steps, as ours, and ours is ahead in training: with a projection 1.4-4.0x
 # (H 64-1024), in 16 bits (no oneDNN on this CPU) 3.0-7.7x (H 64-1024; ours
 # in float32 inside), on packed input 1.16-3.2x (H 64-1024); forwards there
-# ours 1.0-1.64x below H = 512, 0.59-0.91x from it. Elman and GRU: ours at
-# least even (0.98-1.9x forward, 1.3-8.3x training at H 16-1024).
+# ours 1.0-1.64x below H = 512, 0.59-0.91x from it. Elman and GRU on padded
+# input: ours at least even (0.98-1.9x forward, 1.3-8.3x training at H 16-1024).
 _CPU_OURS_MAX_STEPS = 2  # forwards on oneDNN's side
 _CPU_SMALL_HIDDEN = 256
 _CPU_SMALL_BATCH_HIDDEN = 1024
 _CPU_OURS_MAX_TRAINING_STEPS = 4
 _CPU_LARGE_HIDDEN = 1024  # and training calls of up to 16 steps at B <= 4 from this H
 _CPU_ATEN_TORCH_MIN_HIDDEN = 512  # forwards where nn runs ATen's steps
+# Packed float32 forwards of the other cells (bench/NOTES.md step 93, B 4-16,
+# T 64-256, two runs): nn's packed recurrence steps only the live rows and
+# projects only the packed ones, ours pads first. GRU ours 0.81-1.02x nn's
+# from H = 128 (1.02-1.18x at 64), Elman 0.80-1.01x from H = 512
+# (0.97-1.13x at 256, 1.09-1.47x below).
+_CPU_PACKED_TORCH_MIN_HIDDEN = {"gru": 128, "rnn": 512}
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
@@ -240,9 +246,9 @@ def cpu_torch_runs(cell: str, dtype: torch.dtype, batch: int, hidden: int, proj_
                    steps: int | None, packed: bool = False) -> bool:
     """torch_runs' rule on the CPU (float32 or 16 bits, no autocast): nn.LSTM
     where it is faster (the limits above; a call of unknown steps counts as a
-    long one)."""
+    long one), and nn.GRU's / nn.RNN's packed forwards from the sizes above."""
     if cell != "lstm":
-        return False
+        return packed and not training and dtype == torch.float32 and hidden >= _CPU_PACKED_TORCH_MIN_HIDDEN[cell]
     if proj_size > 0 or dtype != torch.float32 or (packed and training):
         return not training and hidden >= _CPU_ATEN_TORCH_MIN_HIDDEN
     if steps is None:
