@@ -127,12 +127,12 @@ _CPU_SMALL_BATCH_HIDDEN = 1024
 _CPU_OURS_MAX_TRAINING_STEPS = 4
 _CPU_LARGE_HIDDEN = 1024  # and training calls of up to 16 steps at B <= 4 from this H
 _CPU_ATEN_TORCH_MIN_HIDDEN = 512  # forwards where nn runs ATen's steps
-# Packed float32 forwards of the other cells (bench/NOTES.md step 93, B 4-16,
-# T 64-256, two runs): nn's packed recurrence steps only the live rows and
-# projects only the packed ones, ours pads first. GRU ours 0.81-1.02x nn's
-# from H = 128 (1.02-1.18x at 64), Elman 0.80-1.01x from H = 512
+# Packed float32 forwards of the other cells (bench/NOTES.md steps 93-94, B
+# 4-16, T 64-256): nn's packed recurrence steps only the live rows and
+# projects only the packed ones, ours pads first. GRU ours 0.88-1.04x nn's
+# from H = 256 (0.99-1.10x at 128), Elman 0.80-1.01x from H = 512
 # (0.97-1.13x at 256, 1.09-1.47x below).
-_CPU_PACKED_TORCH_MIN_HIDDEN = {"gru": 128, "rnn": 512}
+_CPU_PACKED_TORCH_MIN_HIDDEN = {"gru": 256, "rnn": 512}
 
 enabled = os.environ.get("PRNN_TORCH_FALLBACK", "1") != "0"
 
