@@ -49,6 +49,16 @@ class TestLSTM(CellTests):
             with pytest.raises(TypeError, match=r"^PersistentLSTM: hx must be a tuple \(h_0, c_0\)"):
                 lstm(x, torch.zeros(shape))
 
+    def test_hx_of_fewer_than_two_states_is_an_index_error(self):
+        """nn.LSTM raises IndexError reading hx[1]; ours too, naming hx."""
+        lstm, reference = torch_prnn.PersistentLSTM(4, 7), torch.nn.LSTM(4, 7)
+        x = torch.randn(5, 3, 4)
+        for hx in ((torch.zeros(1, 3, 7),), ()):
+            with pytest.raises(IndexError):
+                reference(x, hx)
+            with pytest.raises(IndexError, match=rf"^PersistentLSTM: hx must be a tuple \(h_0, c_0\) of two tensors, got {len(hx)}$"):
+                lstm(x, hx)
+
     def test_projection_state_shapes(self):
         lstm = torch_prnn.PersistentLSTM(4, 7, num_layers=2, proj_size=3, bidirectional=True)
         output, (h_n, c_n) = lstm(torch.randn(5, 2, 4))

@@ -86,7 +86,9 @@ class PersistentLSTM(PersistentRNNBase):
         # One tensor would unpack along its first dimension (nn.LSTM raises on it too).
         if isinstance(hx, Tensor):
             raise TypeError("PersistentLSTM: hx must be a tuple (h_0, c_0) of two tensors, got a Tensor")
-        if len(hx) != 2:
+        if len(hx) < 2:  # an IndexError, as nn.LSTM's hx[1]
+            raise IndexError(f"PersistentLSTM: hx must be a tuple (h_0, c_0) of two tensors, got {len(hx)}")
+        if len(hx) > 2:
             raise RuntimeError("lstm expects two hidden states")
         return [hx[0], hx[1]]
 
