@@ -161,7 +161,8 @@ def test_float16_lstm_goes_to_cudnn_only_for_its_persistent_kernel(monkeypatch, 
     """cuDNN's float16 LSTM is its persistent kernel only where ATen's
     get_algo picks it (padded input, one layer and direction, sizes multiples
     of 128, hidden <= 1024, a batch a multiple of 8 up to 128, a device it
-    allows); elsewhere it is the per-step algorithm, which ours beats as in
+    allows; at hidden <= 192 its small-hidden one for any padded call);
+    elsewhere it is the per-step algorithm, which ours beats as in
     bfloat16, and bfloat16's limits decide."""
     monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: True)
     monkeypatch.setattr(_crossover, "_cudnn_persistent_device", lambda index: device_allows)
@@ -182,6 +183,14 @@ def test_float16_lstm_goes_to_cudnn_only_for_its_persistent_kernel(monkeypatch, 
         assert faster("lstm", torch.float16, "cuda", 16, 1024, input_size=256, training=training) is device_allows
         assert faster("lstm", torch.float16, "cuda", 136, 256, training=training)  # past 128: bfloat16's 64
         assert not faster("gru", torch.float16, "cuda", 8, 1024, training=training)  # no persistent GRU
+    # At hidden <= 192 cuDNN's small-hidden persistent kernel runs at any batch, layers, direction:
+    # float16's limits (set against cuDNN's persistent kernels) stay, on clusters and without.
+    for clusters in (True, False):
+        monkeypatch.setattr(_crossover, "_cluster_family_runs", lambda index: clusters)
+        for other in ({}, {"layers": 2}, {"bidirectional": True}, {"input_size": 100}):
+            ours_to = 56 if clusters else 4
+            assert not faster("lstm", torch.float16, "cuda", ours_to, 192, **other), (clusters, other)
+            assert faster("lstm", torch.float16, "cuda", ours_to + 1, 192, **other), (clusters, other)
 
 
 @pytest.mark.parametrize("cell", sorted(CELLS))
@@ -206,6 +215,22 @@ def test_every_module_path_gives_the_hand_over_its_steps(cell, form, monkeypatch
         x = pack_padded_sequence(x, torch.tensor([7, 6, 6, 2]))
     module(x)
     assert seen == [(7, form in ("tensor", "batch_first"), form == "packed", 3, 2, form == "bidirectional")]
+
+
+@pytest.mark.parametrize("cell,hidden", [("gru", 256), ("rnn", 512), ("lstm", 512)])
+def test_compiled_cpu_packed_forwards_stay_ours(cell, hidden):
+    """A packed forward that eager hands to nn on the CPU stays ours under
+    torch.compile, where nn's packed recurrence (batch_sizes read as data)
+    fails a fullgraph compile; the values are nn's all the same."""
+    ours, ref = _pair(cell, "cpu", torch.float32, hidden=hidden)
+    assert _crossover.torch_runs(cell, torch.float32, "cpu", 4, hidden, steps=6, packed=True)
+    packed = pack_padded_sequence(torch.randn(6, 4, 5), torch.tensor([6, 5, 3, 2]))
+    with torch.no_grad():
+        y, h = torch.compile(ours, fullgraph=True, backend="eager")(packed)
+        y_ref, h_ref = ref(packed)
+    torch.testing.assert_close(y.data, y_ref.data, rtol=1e-5, atol=1e-6)
+    for a, b in zip(h if isinstance(h, tuple) else (h,), h_ref if isinstance(h_ref, tuple) else (h_ref,)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_plan_says_what_a_module_runs():

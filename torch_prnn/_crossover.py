@@ -211,6 +211,9 @@ def _index_of(device_index: int | None) -> int:
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
+_CUDNN_SMALL_HIDDEN_LSTM = 192  # unmeasured there: float16's limits stay
+
+
 @functools.lru_cache(maxsize=None)
 def _cudnn_persistent_device(index: int) -> bool:
     """Whether ATen lets cuDNN's persistent RNN kernel run on CUDA device
@@ -224,13 +227,20 @@ def _cudnn_persistent_device(index: int) -> bool:
 
 def cudnn_persistent_lstm(batch: int, hidden: int, input_size: int | None, layers: int, bidirectional: bool,
                           packed: bool, device_index: int) -> bool:
-    """Whether nn.LSTM's float16 call runs cuDNN's persistent kernel, as
-    ATen's get_algo chooses it (RNN.cpp: padded input, one layer, one
-    direction, hidden and input sizes multiples of 128 with hidden <= 1024,
-    a batch a multiple of 8 up to 128, on a device it allows). Elsewhere
-    cuDNN runs its per-step algorithm. input_size None: as hidden."""
+    """Whether nn.LSTM's float16 call runs one of cuDNN's persistent kernels,
+    as ATen's get_algo chooses them (RNN.cpp: on padded input, the
+    small-hidden one at hidden <= 192; else one layer, one direction, hidden
+    and input sizes multiples of 128 with hidden <= 1024, a batch a multiple
+    of 8 up to 128, on a device it allows). Elsewhere cuDNN runs its
+    per-step algorithm. input_size None: as hidden."""
     input_size = hidden if input_size is None else input_size
-    return (not packed and layers == 1 and not bidirectional and hidden <= 1024 and hidden % 128 == 0
+    if packed:
+        return False
+    if hidden <= _CUDNN_SMALL_HIDDEN_LSTM:
+        # ATen's get_algo takes cuDNN's small-hidden persistent algorithm first
+        # (forward to 192, backward to 128), whatever the batch, layers or direction.
+        return True
+    return (layers == 1 and not bidirectional and hidden <= 1024 and hidden % 128 == 0
             and input_size % 128 == 0 and batch % 8 == 0 and batch <= 128 and _cudnn_persistent_device(device_index))
 
 
@@ -292,11 +302,11 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
         return torch._C._is_any_autocast_enabled()
     if dtype == torch.float64:
         return False
-    if device_type == "cpu" and training and torch.compiler.is_compiling():
+    if device_type == "cpu" and (training or packed) and torch.compiler.is_compiling():
         # Not traceable there: the CPU's oneDNN LSTM with gradients (its
         # aten.mkldnn_rnn_layer takes the parameters as saved tensors), and
-        # nn's recurrences under CPU autocast on packed input (batch_sizes
-        # read as data).
+        # nn's packed recurrences (batch_sizes read as data: a fullgraph
+        # compile fails on a data-dependent guard).
         return False
     if device_type == "cpu":
         # Under CPU autocast nn's recurrences mix the autocast dtype and
