@@ -88,23 +88,25 @@ _FEW_STEPS_MAX_BATCH = 16
 _FEW_STEPS_MAX_HIDDEN = {"rnn": 2048, "lstm": 1024, "gru": 1024}
 
 # The 16-bit gated cells where their cluster family runs (compute capability
-# 9.0 or later, the cluster tier not disabled), forward and training: at
+# 9.0 or later, the cluster tier not disabled), keyed as _CUDA_LIMITS: at
 # H <= 512 it holds 8 sequences a cluster on 7 clusters at H > 256 (forward
 # 1.5-2.2 us a step at B = 32, 8-10x nn.LSTM) and took B = 64 at H = 256
 # (2.0 us, 11x); float16 LSTM forwards beat cuDNN's persistent kernel eager
 # from B = 8 (1.5 against 1.9 us at H = 256). Training, eager, T = 256:
 # 4.3-8.4x nn.LSTM in bfloat16 and 1.3-3.5x in float16 (cuDNN's persistent
 # kernel) at B = 16-56, H 256-512, GRU 5.4-9.3x; at B = 64 H = 512 (past the
-# clusters the GPU holds) 0.3-0.7x.
+# clusters the GPU holds) 0.3-0.7x. float16 LSTMs where cuDNN runs its
+# persistent kernel, at H 513-1024 (NVIDIA H100, T 64-256, bench/NOTES.md
+# step 92): forward ours 1.08-1.42x at B = 8, 0.82-0.88x at B = 16; training
+# at B = 8 0.92-1.24x.
 _CLUSTER_LIMITS = {
-    ("lstm", "bfloat16"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
-    ("lstm", "float16"): ((512, 56), (1024, 4)),
-    ("gru", "16-bit"): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("lstm", "bfloat16", False): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("lstm", "bfloat16", True): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("lstm", "float16", False): ((512, 56), (1024, 8)),
+    ("lstm", "float16", True): ((512, 56), (1024, 4)),
+    ("gru", "16-bit", False): ((256, 64), (512, 56), (768, 32), (1024, 16)),
+    ("gru", "16-bit", True): ((256, 64), (512, 56), (768, 32), (1024, 16)),
 }
-# float16 LSTM forwards where cuDNN runs its persistent kernel, at H 513-1024
-# (NVIDIA H100, T 64-256, bench/NOTES.md step 92): ours 1.08-1.42x at B = 8,
-# 0.82-0.88x at B = 16; training at B = 8 0.92-1.24x, so it keeps the limit above.
-_CLUSTER_FLOAT16_LSTM_FORWARD_LIMITS = ((512, 56), (1024, 8))
 
 # On the CPU (two threads, eager, bench/results/sweep_cpu.handover.json,
 # bench/NOTES.md step 90) nn.LSTM in float32 without a projection on padded
@@ -340,9 +342,7 @@ def torch_runs(cell: str, dtype: torch.dtype, device_type: str, batch: int, hidd
     limits = _CUDA_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     if cell != "rnn" and dtype != torch.float32:
         if _cluster_family_runs(_index_of(device_index)):
-            limits = _CLUSTER_LIMITS[(cell, _dtype_class(cell, dtype))]
-            if cell == "lstm" and dtype == torch.float16 and not training:
-                limits = _CLUSTER_FLOAT16_LSTM_FORWARD_LIMITS
+            limits = _CLUSTER_LIMITS[(cell, _dtype_class(cell, dtype), training)]
     for max_hidden, max_batch in limits:
         if hidden <= max_hidden:
             return batch > max_batch
