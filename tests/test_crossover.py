@@ -37,6 +37,7 @@ def test_cuda_limits_are_a_batch_threshold(cell, dtype, training):
 
 def test_limits_follow_the_measurements(monkeypatch):
     monkeypatch.setattr(_crossover, "_cudnn_persistent_device", lambda index: True)  # as on an H200
+    monkeypatch.setattr(_crossover, "_CPU_HAS_ONEDNN_BFLOAT16", False)  # a CPU without it
     faster = _crossover.torch_runs
     assert not faster("lstm", torch.bfloat16, "cuda", 8, 256)
     assert faster("lstm", torch.float32, "cuda", 16, 1024, training=True)
@@ -111,6 +112,30 @@ def test_limits_follow_the_measurements(monkeypatch):
     assert not faster("rnn", torch.float32, "cpu", 4, 511, packed=True)
     assert not faster("rnn", torch.float32, "cpu", 4, 1024, training=True, packed=True)
     assert not faster("lstm", torch.float64, "cuda", 4096, 4096)  # the reference stays ours
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_cpu_bfloat16_lstm_follows_onednn(monkeypatch, onednn):
+    """Where the CPU has oneDNN's bfloat16 LSTM (and oneDNN is enabled),
+    nn.LSTM's bfloat16 calls run it: forwards go to nn, training too but
+    from H = 1024 and the shortest calls at B = 1; elsewhere nn runs ATen's
+    steps, and ours keeps training and forwards below H = 512."""
+    monkeypatch.setattr(_crossover, "_CPU_HAS_ONEDNN_BFLOAT16", onednn)
+    faster = _crossover.torch_runs
+    assert faster("lstm", torch.bfloat16, "cpu", 4, 256, steps=64) is onednn
+    assert faster("lstm", torch.bfloat16, "cpu", 4, 1024, steps=64)  # ATen's steps too, from H = 512
+    assert faster("lstm", torch.bfloat16, "cpu", 16, 512, training=True, steps=64) is onednn
+    assert not faster("lstm", torch.bfloat16, "cpu", 16, 1024, training=True, steps=64)
+    assert not faster("lstm", torch.bfloat16, "cpu", 1, 256, training=True, steps=16)
+    assert faster("lstm", torch.bfloat16, "cpu", 1, 256, training=True, steps=17) is onednn
+    assert faster("lstm", torch.bfloat16, "cpu", 2, 256, training=True, steps=16) is onednn
+    assert faster("lstm", torch.bfloat16, "cpu", 1, 128, training=True, steps=4) is onednn
+    # nn runs ATen's steps with a projection or on packed input: as before
+    assert not faster("lstm", torch.bfloat16, "cpu", 4, 256, proj_size=128, steps=64)
+    assert not faster("lstm", torch.bfloat16, "cpu", 16, 512, training=True, steps=64, packed=True)
+    assert not faster("lstm", torch.float16, "cpu", 4, 256, steps=64)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not faster("lstm", torch.bfloat16, "cpu", 4, 256, steps=64)
 
 
 @pytest.mark.parametrize("autocast_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

@@ -129,6 +129,12 @@ _CPU_SMALL_BATCH_HIDDEN = 1024
 _CPU_OURS_MAX_TRAINING_STEPS = 4
 _CPU_LARGE_HIDDEN = 1024  # and training calls of up to 16 steps at B <= 4 from this H
 _CPU_ATEN_TORCH_MIN_HIDDEN = 512  # forwards where nn runs ATen's steps
+# bfloat16 on a CPU where nn.LSTM runs oneDNN's bfloat16 LSTM (AVX512-BF16 or
+# AMX; bench/NOTES.md step 95, T 1-256, B 1/16): its forwards 1.1-4.5x ours
+# (ours ahead at one point, T = 1 B = 1 H = 1024); training 1.1-2.1x ours
+# below H = 1024 from 64 steps, or at B = 16 (ours 1.04-4.0x at H = 1024, and
+# 1.1-3.9x up to 16 steps at B = 1 from H = 256).
+_CPU_BF16_OURS_MIN_TRAINING_HIDDEN = 1024
 # Packed float32 forwards of the other cells (bench/NOTES.md steps 93-94, B
 # 4-16, T 64-256): nn's packed recurrence steps only the live rows and
 # projects only the packed ones, ours pads first. GRU ours 0.88-1.04x nn's
@@ -254,6 +260,19 @@ def _cluster_family_runs(index: int) -> bool:
     return knob in ("", "0") and torch.cuda.is_available() and torch.cuda.get_device_capability(index) >= (9, 0)
 
 
+# A CPU with oneDNN's bfloat16 kernels (AVX512-BF16 or AMX), queried once.
+_CPU_HAS_ONEDNN_BFLOAT16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def _cpu_onednn_bfloat16() -> bool:
+    """Whether nn.LSTM's bfloat16 call on the CPU runs oneDNN's LSTM (ATen's
+    use_mkldnn: such a CPU, and oneDNN enabled, which compiled code takes
+    as on: torch.compile cannot trace the flag's query)."""
+    if not _CPU_HAS_ONEDNN_BFLOAT16:
+        return False
+    return torch.compiler.is_compiling() or torch._C._get_mkldnn_enabled()
+
+
 def cpu_torch_runs(cell: str, dtype: torch.dtype, batch: int, hidden: int, proj_size: int, training: bool,
                    steps: int | None, packed: bool = False) -> bool:
     """torch_runs' rule on the CPU (float32 or 16 bits, no autocast): nn.LSTM
@@ -261,6 +280,11 @@ def cpu_torch_runs(cell: str, dtype: torch.dtype, batch: int, hidden: int, proj_
     long one), and nn.GRU's / nn.RNN's packed forwards from the sizes above."""
     if cell != "lstm":
         return packed and not training and dtype == torch.float32 and hidden >= _CPU_PACKED_TORCH_MIN_HIDDEN[cell]
+    if dtype == torch.bfloat16 and proj_size == 0 and not packed and _cpu_onednn_bfloat16():
+        if not training:
+            return True
+        short = steps is not None and steps <= 16 and batch == 1 and hidden >= _CPU_SMALL_HIDDEN
+        return not (hidden >= _CPU_BF16_OURS_MIN_TRAINING_HIDDEN or short)
     if proj_size > 0 or dtype != torch.float32 or (packed and training):
         return not training and hidden >= _CPU_ATEN_TORCH_MIN_HIDDEN
     if steps is None:
